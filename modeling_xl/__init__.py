@@ -1,0 +1,35 @@
+"""Transformer-XL and XLNet-style permutation-LM models for transformers 5.
+
+Importing this package registers every config and model class with the transformers Auto classes.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from .configuration_transformer_xl import PRESETS, RECIPES, TransformerXLConfig
+from .modeling_transformer_xl import (
+    TransformerXLCausalLMOutput,
+    TransformerXLForCausalLM,
+    TransformerXLModel,
+    TransformerXLModelOutput,
+    TransformerXLPreTrainedModel,
+)
+
+AutoConfig.register(TransformerXLConfig.model_type, TransformerXLConfig, exist_ok=True)
+AutoModel.register(TransformerXLConfig, TransformerXLModel, exist_ok=True)
+AutoModelForCausalLM.register(TransformerXLConfig, TransformerXLForCausalLM, exist_ok=True)
+
+# `save_pretrained` then writes the code next to the weights and a complete `auto_map` (trust_remote_code loading).
+TransformerXLConfig.register_for_auto_class()
+TransformerXLModel.register_for_auto_class("AutoModel")
+TransformerXLForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+
+__all__ = [
+    "PRESETS",
+    "RECIPES",
+    "TransformerXLConfig",
+    "TransformerXLModel",
+    "TransformerXLForCausalLM",
+    "TransformerXLPreTrainedModel",
+    "TransformerXLModelOutput",
+    "TransformerXLCausalLMOutput",
+]

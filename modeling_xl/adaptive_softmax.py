@@ -1,0 +1,136 @@
+"""Adaptive input embeddings and adaptive log-softmax (Baevski & Auli 2019; Grave et al. 2017), as in Transformer-XL.
+
+The vocabulary (sorted by frequency) is split by `cutoffs` into a head of `cutoffs[0]` tokens and tail clusters.
+Cluster i is embedded in `d_embed // div_val**i` dimensions and projected to d_model. The softmax predicts
+P(token) = P_head(token) for head tokens and P_head(cluster) * P_cluster(token | cluster) for tail tokens.
+
+Weights are tied between input and output (`tie_word_embeddings`), projections per cluster when `tie_projs[i]`.
+Parameter layout follows the legacy checkpoints so import is a plain rename:
+    with div_val == 1: one table [V, d_embed], one input projection (when d_embed != d_model), one output projection
+    per cluster; with div_val > 1: one table and one projection per cluster.
+A projection weight is [d_model, d_emb_i]: the input uses `emb @ W^T`, the output `hidden @ W`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
+    """Token ranges of the clusters: cutoffs [20, 50], V=97 -> [(0, 20), (20, 50), (50, 97)]."""
+    ends = [0, *cutoffs, vocab_size]
+    return list(zip(ends[:-1], ends[1:]))
+
+
+def needs_projections(config) -> bool:
+    """Legacy rule: projections exist unless there is a single table as wide as the model."""
+    return config.div_val > 1 or config.d_embed != config.d_model
+
+
+class Projection(nn.Module):
+    """A bias-free [d_model, d_in] matrix shared by the input (`x @ W^T`) and the output (`x @ W`) side."""
+
+    def __init__(self, d_model: int, d_in: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(d_model, d_in))
+
+
+class AdaptiveEmbedding(nn.Module):
+    """Token ids [B, T] -> embeddings [B, T, d_model], scaled by sqrt(d_model) as in the paper's code."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.bounds = cluster_bounds(config.vocab_size, config.cutoffs)
+        self.scale = config.d_model**0.5
+        self.div_val = config.div_val
+        if config.div_val == 1:
+            self.emb_layers = nn.ModuleList([nn.Embedding(config.vocab_size, config.d_embed)])
+            projs = [Projection(config.d_model, config.d_embed)] if needs_projections(config) else []
+        else:
+            dims = [config.d_embed // config.div_val**i for i in range(len(self.bounds))]
+            self.emb_layers = nn.ModuleList(nn.Embedding(hi - lo, d) for (lo, hi), d in zip(self.bounds, dims))
+            projs = [Projection(config.d_model, d) for d in dims]
+        self.emb_projs = nn.ModuleList(projs)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.div_val == 1:
+            emb = self.emb_layers[0](input_ids)
+            if len(self.emb_projs):
+                emb = F.linear(emb, self.emb_projs[0].weight)
+            return emb * self.scale
+        flat = input_ids.reshape(-1)
+        rows, pieces = [], []
+        # Every cluster runs, even with no token in this batch, so DDP sees all parameters used.
+        for (lo, hi), table, proj in zip(self.bounds, self.emb_layers, self.emb_projs):
+            idx = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
+            rows.append(idx)
+            pieces.append(F.linear(table(flat[idx] - lo), proj.weight))
+        pieces = torch.cat(pieces)  # [N, d_model], in cluster order
+        emb = pieces.new_zeros(flat.numel(), pieces.size(-1)).index_copy(0, torch.cat(rows), pieces)
+        return emb.view(*input_ids.shape, -1) * self.scale
+
+
+class AdaptiveLogSoftmax(nn.Module):
+    """Hidden states [N, d_model] -> per-token NLL [N] in input order, or log-probabilities [N, V].
+
+    Log-softmax runs in float32 whatever the input dtype (bf16/fp16 logits lose the tail otherwise).
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.vocab_size = config.vocab_size
+        self.bounds = cluster_bounds(config.vocab_size, config.cutoffs)
+        self.n_clusters = len(self.bounds) - 1
+        self.shortlist = self.bounds[0][1]
+        self.div_val = config.div_val
+        if config.div_val == 1:
+            self.out_layers = nn.ModuleList([nn.Linear(config.d_embed, config.vocab_size)])
+            dims = [config.d_embed] * len(self.bounds)
+        else:
+            dims = [config.d_embed // config.div_val**i for i in range(len(self.bounds))]
+            self.out_layers = nn.ModuleList(nn.Linear(d, hi - lo) for (lo, hi), d in zip(self.bounds, dims))
+        projs = [Projection(config.d_model, d) for d in dims] if needs_projections(config) else []
+        self.out_projs = nn.ModuleList(projs)
+        if self.n_clusters:
+            self.cluster_weight = nn.Parameter(torch.zeros(self.n_clusters, config.d_embed))
+            self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters))
+
+    def cluster_logits(self, hidden: torch.Tensor, i: int) -> torch.Tensor:
+        """Logits of cluster i's tokens (for i == 0 followed by one logit per tail cluster), in float32."""
+        if self.div_val == 1:
+            lo, hi = self.bounds[i]
+            weight, bias = self.out_layers[0].weight[lo:hi], self.out_layers[0].bias[lo:hi]
+        else:
+            weight, bias = self.out_layers[i].weight, self.out_layers[i].bias
+        if i == 0 and self.n_clusters:
+            weight = torch.cat([weight, self.cluster_weight])
+            bias = torch.cat([bias, self.cluster_bias])
+        if len(self.out_projs):
+            hidden = hidden @ self.out_projs[i].weight.to(hidden.dtype)
+        return F.linear(hidden, weight.to(hidden.dtype), bias.to(hidden.dtype)).float()
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """NLL [N] (0 where target == -100) when `targets` [N] is given, else log-probs [N, V] (float32)."""
+        head_logprob = torch.log_softmax(self.cluster_logits(hidden, 0), dim=-1)  # [N, shortlist + n_clusters]
+        if targets is None:
+            parts = [head_logprob[:, : self.shortlist]]
+            for i in range(1, self.n_clusters + 1):
+                tail = torch.log_softmax(self.cluster_logits(hidden, i), dim=-1)
+                parts.append(head_logprob[:, self.shortlist + i - 1, None] + tail)
+            return torch.cat(parts, dim=-1)
+        rows, logprobs = [], []
+        for i, (lo, hi) in enumerate(self.bounds):
+            idx = ((targets >= lo) & (targets < hi)).nonzero().squeeze(1)
+            local = (targets[idx] - lo)[:, None]
+            if i == 0:
+                lp = head_logprob[idx].gather(1, local).squeeze(1)
+            else:
+                # Runs on an empty selection too, so every cluster's parameters take part in the graph.
+                tail = torch.log_softmax(self.cluster_logits(hidden[idx], i), dim=-1)
+                lp = head_logprob[idx, self.shortlist + i - 1] + tail.gather(1, local).squeeze(1)
+            rows.append(idx)
+            logprobs.append(lp)
+        nll = head_logprob.new_zeros(targets.numel())
+        return nll.index_copy(0, torch.cat(rows), -torch.cat(logprobs))

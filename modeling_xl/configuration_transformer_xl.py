@@ -1,0 +1,177 @@
+"""Configuration of the Transformer-XL family (backbone, causal LM, permutation LM, classification)."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+
+# Paper hyperparameters (Dai et al. 2019, Table 1 and the released scripts). `train_*` and `eval_*` entries are the
+# segment/memory lengths the scripts use; the model itself only reads `mem_len`, `clamp_len` and `same_length`.
+PRESETS: dict[str, dict] = {
+    # Small enough for unit tests: every code path (adaptive softmax with two tail clusters, div_val 2) in milliseconds.
+    "debug": dict(
+        vocab_size=97, d_model=16, d_embed=16, n_layer=2, n_head=2, d_head=8, d_inner=32,
+        cutoffs=[20, 50], div_val=2, mem_len=8, clamp_len=-1, dropout=0.0, dropatt=0.0,
+    ),
+    # CPU-sized model that learns a few-million-token corpus in minutes on 2 cores.
+    "tiny": dict(
+        vocab_size=8000, d_model=128, d_embed=128, n_layer=4, n_head=4, d_head=32, d_inner=512,
+        cutoffs=[2000, 4000], div_val=2, mem_len=64, clamp_len=-1, dropout=0.1, dropatt=0.0,
+    ),
+    "wt103-base": dict(
+        vocab_size=267735, d_model=410, d_embed=410, n_layer=16, n_head=10, d_head=41, d_inner=2100,
+        cutoffs=[20000, 40000, 200000], div_val=1, mem_len=150, clamp_len=-1, dropout=0.1, dropatt=0.0,
+    ),
+    "wt103-large": dict(
+        vocab_size=267735, d_model=1024, d_embed=1024, n_layer=18, n_head=16, d_head=64, d_inner=4096,
+        cutoffs=[20000, 40000, 200000], div_val=4, mem_len=384, clamp_len=-1, dropout=0.2, dropatt=0.2,
+    ),
+    "enwik8-base": dict(
+        vocab_size=204, d_model=512, d_embed=512, n_layer=12, n_head=8, d_head=64, d_inner=2048,
+        cutoffs=[], adaptive=False, div_val=1, mem_len=512, clamp_len=-1, dropout=0.1, dropatt=0.0,
+    ),
+    "enwik8-large": dict(
+        vocab_size=204, d_model=1024, d_embed=1024, n_layer=24, n_head=8, d_head=128, d_inner=3072,
+        cutoffs=[], adaptive=False, div_val=1, mem_len=768, clamp_len=-1, dropout=0.15, dropatt=0.15,
+    ),
+}
+
+# Training/evaluation recipe of each preset (batch, segment and memory lengths, schedule), used by the scripts.
+RECIPES: dict[str, dict] = {
+    "debug": dict(batch_size=4, tgt_len=8, mem_len=8, eval_tgt_len=8, eval_mem_len=16, eval_clamp_len=-1,
+                  learning_rate=1e-3, warmup_steps=0, max_steps=20),
+    "tiny": dict(batch_size=16, tgt_len=64, mem_len=64, eval_tgt_len=64, eval_mem_len=128, eval_clamp_len=-1,
+                 learning_rate=1e-3, warmup_steps=50, max_steps=1000),
+    "wt103-base": dict(batch_size=60, tgt_len=150, mem_len=150, eval_tgt_len=64, eval_mem_len=640, eval_clamp_len=400,
+                       learning_rate=2.5e-4, warmup_steps=0, max_steps=200_000),
+    "wt103-large": dict(batch_size=128, tgt_len=384, mem_len=384, eval_tgt_len=128, eval_mem_len=1600,
+                        eval_clamp_len=1000, learning_rate=2.5e-4, warmup_steps=16_000, max_steps=4_000_000),
+    "enwik8-base": dict(batch_size=22, tgt_len=512, mem_len=512, eval_tgt_len=80, eval_mem_len=2100,
+                        eval_clamp_len=820, learning_rate=2.5e-4, warmup_steps=0, max_steps=400_000),
+    "enwik8-large": dict(batch_size=64, tgt_len=768, mem_len=768, eval_tgt_len=128, eval_mem_len=3800,
+                         eval_clamp_len=1000, learning_rate=2.5e-4, warmup_steps=4_000, max_steps=400_000),
+}
+
+
+class TransformerXLConfig(PreTrainedConfig):
+    r"""Hyperparameters of a Transformer-XL model (field names as in the paper's code and transformers 4.x).
+
+    Args:
+        vocab_size: number of tokens.
+        d_model: width of the residual stream.
+        d_embed: width of the (largest) embedding cluster; defaults to d_model.
+        n_layer, n_head, d_head, d_inner: depth, heads, per-head width, feed-forward width.
+        cutoffs: boundaries of the adaptive input/softmax clusters (sorted, each below vocab_size). Empty: one softmax.
+        div_val: cluster i embeds in `d_embed // div_val**i` dimensions.
+        tie_projs: per cluster, whether the output projection is tied to the input one (default `[False, True, ...]`).
+        adaptive: use cutoffs; False means a single full softmax.
+        pre_lnorm: LayerNorm before each sublayer (True) or after the residual sum (False, the paper's default).
+        untie_r: one (u, v) bias pair per layer (True) or shared by all layers.
+        mem_len: how many past hidden states each layer keeps as memory (0: no recurrence).
+        clamp_len: relative distances beyond this use the same position vector (-1: no clamping).
+        same_length: every query attends to the same number of keys (mem_len + current position window).
+        dropout, dropatt: dropout on activations and on attention probabilities.
+        init_std, proj_init_std: normal init std of weights and of adaptive projections.
+        attn_type, n_token_type, bi_data, ...: used by the permutation-LM head (see `modeling_permutation_lm`).
+    """
+
+    model_type = "transformer-xl"
+    keys_to_ignore_at_inference = ["mems"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "n_head",
+        "num_hidden_layers": "n_layer",
+        "intermediate_size": "d_inner",
+    }
+
+    vocab_size: int = 267735
+    d_model: int = 410
+    d_embed: int | None = None
+    n_layer: int = 16
+    n_head: int = 10
+    d_head: int = 41
+    d_inner: int = 2100
+    cutoffs: list[int] | None = None
+    div_val: int = 1
+    tie_projs: list[bool] | None = None
+    adaptive: bool = True
+    pre_lnorm: bool = False
+    untie_r: bool = True
+    mem_len: int = 150
+    clamp_len: int = -1
+    same_length: bool = False
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    init_std: float = 0.02
+    proj_init_std: float = 0.01
+    layer_norm_epsilon: float = 1e-5
+    # Permutation-LM / XLNet fields (see modeling_permutation_lm).
+    attn_type: str = "uni"
+    n_token_type: int = 0
+    bi_data: bool = False
+    ff_activation: str = "relu"
+    # Sequence-classification fields (see modeling_classification).
+    summary_type: str = "last"
+    classifier_dropout: float = 0.1
+    eos_token_id: int | list[int] | None = 0
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        if self.d_embed is None:
+            self.d_embed = self.d_model
+        self.cutoffs = list(self.cutoffs) if (self.cutoffs and self.adaptive) else []
+        if self.tie_projs is None:
+            self.tie_projs = [False] + [True] * len(self.cutoffs)
+        self.tie_projs = list(self.tie_projs)
+        super().__post_init__(**kwargs)
+        self.validate_architecture()
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "TransformerXLConfig":
+        """A config with a named preset's hyperparameters (`debug`, `tiny`, `wt103-base`, ...), then `overrides`."""
+        if name not in PRESETS:
+            raise ValueError(f"preset={name!r} is unknown; expected one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def validate_architecture(self) -> None:
+        """Raise a ValueError naming the field, its value and what was expected."""
+        for field in ("vocab_size", "d_model", "d_embed", "n_layer", "n_head", "d_head", "d_inner"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{field}={value!r} is invalid; expected a positive integer")
+        if not isinstance(self.div_val, int) or self.div_val < 1:
+            raise ValueError(f"div_val={self.div_val!r} is invalid; expected an integer >= 1")
+        cutoffs = self.cutoffs
+        if any(not isinstance(c, int) or c <= 0 for c in cutoffs):
+            raise ValueError(f"cutoffs={cutoffs!r} is invalid; expected positive integers")
+        if sorted(set(cutoffs)) != cutoffs:
+            raise ValueError(f"cutoffs={cutoffs!r} is invalid; expected strictly increasing values")
+        if cutoffs and cutoffs[-1] >= self.vocab_size:
+            raise ValueError(
+                f"cutoffs={cutoffs!r} is invalid; expected every cutoff below vocab_size={self.vocab_size}"
+            )
+        if len(self.tie_projs) != len(cutoffs) + 1:
+            raise ValueError(
+                f"tie_projs={self.tie_projs!r} is invalid; expected one flag per cluster ({len(cutoffs) + 1})"
+            )
+        for i in range(len(cutoffs) + 1):
+            if self.d_embed // self.div_val**i < 1:
+                raise ValueError(
+                    f"div_val={self.div_val} is too large for d_embed={self.d_embed}: cluster {i} would have "
+                    "no dimensions; expected d_embed // div_val**i >= 1 for every cluster"
+                )
+        if not isinstance(self.mem_len, int) or self.mem_len < 0:
+            raise ValueError(f"mem_len={self.mem_len!r} is invalid; expected an integer >= 0")
+        if not isinstance(self.clamp_len, int) or (self.clamp_len < 0 and self.clamp_len != -1):
+            raise ValueError(f"clamp_len={self.clamp_len!r} is invalid; expected -1 (no clamping) or an integer >= 0")
+        for field in ("dropout", "dropatt", "classifier_dropout"):
+            value = getattr(self, field)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{field}={value!r} is invalid; expected a probability in [0, 1)")
+        if self.attn_type not in ("uni", "bi"):
+            raise ValueError(f"attn_type={self.attn_type!r} is invalid; expected 'uni' or 'bi'")
+        if self.summary_type not in ("last", "first", "mean"):
+            raise ValueError(f"summary_type={self.summary_type!r} is invalid; expected 'last', 'first' or 'mean'")
+        if self.ff_activation not in ("relu", "gelu"):
+            raise ValueError(f"ff_activation={self.ff_activation!r} is invalid; expected 'relu' or 'gelu'")

@@ -1,0 +1,302 @@
+"""Transformer-XL backbone and causal-LM head (Dai et al. 2019) for transformers 5.
+
+Layout: batch-first. Memory (`mems`) is a tuple with one tensor [B, M, d_model] per layer: the *input* of that layer
+on the previous segment(s). It is passed in and returned, never kept inside the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils import ModelOutput
+
+from .adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, needs_projections
+from .configuration_transformer_xl import TransformerXLConfig
+from .relative_attention import RelativeMultiHeadAttention, causal_mask, relative_positions, sinusoid_table
+
+
+@dataclass
+class TransformerXLModelOutput(ModelOutput):
+    """last_hidden_state [B, T, d]; mems: n_layer tensors [B, M', d] for the next segment (None when mem_len == 0);
+    hidden_states: n_layer + 1 tensors [B, T, d] on request; attentions: n_layer tensors [B, H, T, K] on request."""
+
+    last_hidden_state: torch.FloatTensor | None = None
+    mems: tuple[torch.FloatTensor, ...] | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class TransformerXLCausalLMOutput(ModelOutput):
+    """loss: mean NLL over predicted tokens; losses: per-token NLL [B, T] ([B, T-1] with `labels`), 0 where ignored;
+    logits: log-probabilities [B, T, V] (only without labels); mems, hidden_states, attentions as the backbone."""
+
+    loss: torch.FloatTensor | None = None
+    losses: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    mems: tuple[torch.FloatTensor, ...] | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+def update_memory(mems, hiddens, mem_len: int):
+    """New memory per layer: the last `mem_len` states of `[mem; hidden]`, detached (no gradient crosses segments)."""
+    if mem_len == 0:
+        return None
+    if mems is None:
+        mems = [None] * len(hiddens)
+    with torch.no_grad():
+        return tuple(
+            (h if m is None else torch.cat([m, h], dim=1))[:, -mem_len:].detach() for m, h in zip(mems, hiddens)
+        )
+
+
+def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) -> tuple[int, int]:
+    """Validate the backbone inputs; returns (B, T). Errors name the argument, the value and what was expected."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("expected exactly one of input_ids and inputs_embeds")
+    x = input_ids if input_ids is not None else inputs_embeds
+    if x.dim() != (2 if input_ids is not None else 3):
+        name = "input_ids" if input_ids is not None else "inputs_embeds"
+        raise ValueError(f"{name} has shape {tuple(x.shape)}; expected [batch, seq_len]{'' if input_ids is not None else ', d_model]'}")
+    batch, length = x.shape[:2]
+    if batch == 0 or length == 0:
+        raise ValueError(f"input has shape {tuple(x.shape)}; expected a non-empty batch and sequence")
+    if input_ids is not None:
+        if input_ids.dtype not in (torch.long, torch.int, torch.int16, torch.uint8):
+            raise ValueError(f"input_ids has dtype {input_ids.dtype}; expected integer token ids")
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= config.vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"input_ids contains {bad}; expected token ids in [0, vocab_size={config.vocab_size})")
+    if mems is not None:
+        if len(mems) != config.n_layer:
+            raise ValueError(f"mems has {len(mems)} tensors; expected one per layer (n_layer={config.n_layer})")
+        mlen = mems[0].size(1) if mems[0].dim() == 3 else -1
+        for i, m in enumerate(mems):
+            if m.dim() != 3 or m.size(0) != batch or m.size(1) != mlen or m.size(2) != config.d_model:
+                raise ValueError(
+                    f"mems[{i}] has shape {tuple(m.shape)}; expected [batch={batch}, mem_len={mlen} (same for every "
+                    f"layer), d_model={config.d_model}]"
+                )
+    return batch, length
+
+
+class PositionwiseFF(nn.Module):
+    """Feed-forward sublayer with residual and LayerNorm: LN(x + FF(x)) or x + FF(LN(x))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.layer_1 = nn.Linear(config.d_model, config.d_inner)
+        self.layer_2 = nn.Linear(config.d_inner, config.d_model)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.drop = nn.Dropout(config.dropout)
+        self.act = nn.ReLU() if config.ff_activation == "relu" else nn.GELU()
+        self.pre_lnorm = config.pre_lnorm
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        out = h + self.drop(self.layer_2(self.drop(self.act(self.layer_1(x)))))
+        return out if self.pre_lnorm else self.layer_norm(out)
+
+
+class TransformerXLLayer(GradientCheckpointingLayer):
+    """One decoder layer: relative attention over [memory; segment], then the feed-forward sublayer."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.attn = RelativeMultiHeadAttention(config)
+        self.ff = PositionwiseFF(config)
+
+    def forward(self, h, pos_emb, attn_mask, mem=None, r_w_bias=None, r_r_bias=None, output_attentions=False):
+        h, probs = self.attn(h, pos_emb, attn_mask, mem, r_w_bias, r_r_bias, output_attentions)
+        return self.ff(h), probs
+
+
+class TransformerXLPreTrainedModel(PreTrainedModel):
+    config_class = TransformerXLConfig
+    config: TransformerXLConfig
+    base_model_prefix = "transformer"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TransformerXLLayer"]
+    _supports_sdpa = True
+    _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std, proj_std = self.config.init_std, self.config.proj_init_std
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            module.weight.normal_(0.0, std)
+            if getattr(module, "bias", None) is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.LayerNorm):
+            module.weight.fill_(1.0)
+            module.bias.zero_()
+        elif type(module).__name__ == "Projection":
+            module.weight.normal_(0.0, proj_std)
+        elif type(module).__name__ == "AdaptiveLogSoftmax" and module.n_clusters:
+            module.cluster_weight.normal_(0.0, std)
+            module.cluster_bias.zero_()
+        for name in ("r_w_bias", "r_r_bias", "r_s_bias", "seg_embed", "mask_emb"):
+            param = module._parameters.get(name) if hasattr(module, "_parameters") else None
+            if param is not None:
+                param.normal_(0.0, std)
+
+
+class TransformerXLModel(TransformerXLPreTrainedModel):
+    """The backbone: adaptive input embedding, relative positions, n_layer decoder layers with memory."""
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__(config)
+        self.word_emb = AdaptiveEmbedding(config)
+        self.drop = nn.Dropout(config.dropout)
+        if not config.untie_r:  # one (u, v) pair shared by all layers
+            self.r_w_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.r_r_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+        self.layers = nn.ModuleList(TransformerXLLayer(config) for _ in range(config.n_layer))
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.word_emb
+
+    def set_input_embeddings(self, value):
+        self.word_emb = value
+
+    def position_embeddings(self, klen: int, dtype: torch.dtype, device) -> torch.Tensor:
+        """Sinusoid vectors of distances klen-1..0 (clamped), [K, d_model]."""
+        pos = relative_positions(klen, clamp_len=self.config.clamp_len).to(device)
+        return sinusoid_table(pos, self.config.d_model).to(dtype)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: tuple[torch.FloatTensor, ...] | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TransformerXLModelOutput | tuple:
+        cfg = self.config
+        output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
+        return_dict = cfg.return_dict if return_dict is None else return_dict
+        _, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems)
+        mems = mems if mems is not None and mems[0].size(1) > 0 else None
+
+        h = self.word_emb(input_ids) if inputs_embeds is None else inputs_embeds
+        mlen = 0 if mems is None else mems[0].size(1)
+        mask = causal_mask(qlen, mlen, cfg.same_length, cfg.mem_len, device=h.device)
+        pos_emb = self.drop(self.position_embeddings(mlen + qlen, h.dtype, h.device))
+        h = self.drop(h)
+        shared_bias = (None, None) if cfg.untie_r else (self.r_w_bias, self.r_r_bias)
+
+        hiddens, attentions = [], []
+        for i, layer in enumerate(self.layers):
+            hiddens.append(h)
+            h, probs = layer(h, pos_emb, mask, None if mems is None else mems[i], *shared_bias,
+                             output_attentions=output_attentions)
+            attentions.append(probs)
+        h = self.drop(h)
+
+        out = TransformerXLModelOutput(
+            last_hidden_state=h,
+            mems=update_memory(mems, hiddens, cfg.mem_len),
+            hidden_states=(*hiddens, h) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+        return out if return_dict else out.to_tuple()
+
+
+class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
+    """Transformer-XL with the adaptive softmax on top (weights tied to the adaptive input)."""
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__(config)
+        self.transformer = TransformerXLModel(config)
+        self.lm_head = AdaptiveLogSoftmax(config)
+        self._tied_weights_keys = tied_weight_map(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return None  # the adaptive softmax has no single output matrix; tying is declared in `_tied_weights_keys`
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # memory is a tuple of per-layer tensors, not a key/value cache
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        mems: tuple[torch.FloatTensor, ...] | None = None,
+        labels: torch.LongTensor | None = None,
+        next_token_labels: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> TransformerXLCausalLMOutput | tuple:
+        """`labels` [B, T] are shifted inside (position t predicts labels[:, t+1]); `next_token_labels` [B, T] are
+        already aligned (position t predicts next_token_labels[:, t]; at a segment's last position that is the first
+        token of the next segment). -100 is ignored. Without labels, `logits` holds log-probabilities of the last
+        `logits_to_keep` positions (0: all)."""
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        if labels is not None and next_token_labels is not None:
+            raise ValueError("expected at most one of labels and next_token_labels, got both")
+        outputs = self.transformer(input_ids, mems, inputs_embeds, output_attentions, output_hidden_states,
+                                   return_dict=True)
+        hidden = outputs.last_hidden_state  # [B, T, d]
+        batch, qlen = hidden.shape[:2]
+        loss = losses = logits = None
+        if labels is not None or next_token_labels is not None:
+            name, targets = ("labels", labels) if labels is not None else ("next_token_labels", next_token_labels)
+            if tuple(targets.shape) != (batch, qlen):
+                raise ValueError(f"{name} has shape {tuple(targets.shape)}; expected [batch={batch}, seq_len={qlen}]")
+            if labels is not None:
+                hidden, targets = hidden[:, :-1], labels[:, 1:]
+            targets = targets.reshape(-1)
+            valid = targets != -100
+            if bool(((targets < 0) & valid).any() or (targets >= self.config.vocab_size).any()):
+                raise ValueError(f"{name} has ids outside [0, vocab_size={self.config.vocab_size}) (and not -100)")
+            losses = self.lm_head(hidden.reshape(-1, hidden.size(-1)), targets).view(batch, -1)
+            loss = losses.sum() / valid.sum().clamp(min=1)
+        else:
+            kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+            logits = self.lm_head(kept.reshape(-1, kept.size(-1))).view(batch, kept.size(1), -1)
+        out = TransformerXLCausalLMOutput(loss=loss, losses=losses, logits=logits, mems=outputs.mems,
+                                          hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        return out if return_dict else out.to_tuple()
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
+        """`generate` keeps our memory under `past_key_values`; with memory, only the newest token is fed."""
+        if past_key_values is not None:
+            input_ids = input_ids[:, -1:]
+        inputs = {"input_ids": input_ids, "mems": past_key_values}
+        if "logits_to_keep" in kwargs:
+            inputs["logits_to_keep"] = kwargs["logits_to_keep"]
+        return inputs
+
+    def _reorder_cache(self, mems, beam_idx):
+        """Beam search: memory rows follow their beams."""
+        return None if mems is None else tuple(m.index_select(0, beam_idx.to(m.device)) for m in mems)
+
+
+def tied_weight_map(config) -> dict[str, str]:
+    """{output parameter: input parameter} pairs tied as in the paper's code (weights per cluster, projections by
+    `tie_projs`; with div_val == 1 every tied output projection shares the single input projection)."""
+    emb, out = "transformer.word_emb", "lm_head"
+    n_tables = 1 if config.div_val == 1 else len(config.cutoffs) + 1
+    tied = {f"{out}.out_layers.{i}.weight": f"{emb}.emb_layers.{i}.weight" for i in range(n_tables)}
+    if needs_projections(config):
+        for i, tie in enumerate(config.tie_projs):
+            if tie:
+                tied[f"{out}.out_projs.{i}.weight"] = f"{emb}.emb_projs.{0 if config.div_val == 1 else i}.weight"
+    return tied

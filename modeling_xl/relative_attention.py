@@ -1,0 +1,192 @@
+"""Relative multi-head attention of Transformer-XL (Dai et al. 2019, Sec. 3.3), shared by every head of this package.
+
+Notation (batch-first everywhere):
+    B batch, H heads, D d_head, T query length (current segment), M memory length, K = M + T key length,
+    R number of relative positions in the position table, d d_model.
+
+Score of query i and key j (Eq. in Sec. 3.3, with u = r_w_bias, v = r_r_bias):
+    A_ij = (q_i + u) . k_j  +  (q_i + v) . W_R R_{i-j}
+The second term is computed for all R relative positions at once, (q + v) @ (W_R R)^T, then `rel_shift` moves every
+row to its own distance: O(T * R) work instead of O(T * K * D) for gathering per pair.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def relative_positions(klen: int, qlen: int = 0, clamp_len: int = -1, bidirectional: bool = False) -> torch.Tensor:
+    """Relative distances, largest first, covered by the position table.
+
+    Unidirectional (Transformer-XL): `klen-1, ..., 1, 0` (a query never looks forward).
+    Bidirectional (XLNet): `klen, ..., 1, 0, -1, ..., -qlen+1`.
+    Distances beyond `clamp_len` (when > 0) share the vector of `clamp_len`. Example, klen=5, clamp_len=3:
+    `[4, 3, 2, 1, 0] -> [3, 3, 2, 1, 0]`.
+    """
+    if bidirectional:
+        pos = torch.arange(klen, -qlen, -1.0)
+    else:
+        pos = torch.arange(klen - 1, -1, -1.0)
+    if clamp_len > 0:
+        pos = pos.clamp(-clamp_len, clamp_len)
+    return pos
+
+
+def sinusoid_table(pos: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoid embedding `[sin(p * w_k), cos(p * w_k)]`, w_k = 1 / 10000^(2k / dim) (Vaswani et al. 2017). [R, dim]."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2.0, device=pos.device) / dim))
+    angles = torch.outer(pos.to(inv_freq.dtype), inv_freq)  # [R, dim/2]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def rel_shift(x: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
+    """Move row i of `x` left by `shift - i` and keep `klen` columns: `out[..., i, j] = x[..., i, j + shift - i]`.
+
+    `x[..., i, c]` holds the score of query i against relative-position row c; with the table starting at distance
+    `start` (row c = distance `start - c`) and M memory slots, query i (absolute M + i) meets key j at distance
+    M + i - j, i.e. row `j + (start - M) - i`, so `shift = start - M` (`T - 1` for Transformer-XL, `T` for XLNet).
+
+    Worked example (T=3, klen=R=3, shift=2; letters are the distance-ordered scores of each row, '?' garbage that the
+    causal mask hides):
+        x = [[a2 a1 a0]      out = [[a0  ?  ?]
+             [b2 b1 b0]   ->        [b1 b0  ?]
+             [c2 c1 c0]]            [c2 c1 c0]]
+    Implementation: pad one zero column on the right (rows of R + 1), flatten, and read T rows of length R starting
+    `shift` elements in: row i then starts at i * (R + 1) + shift - i. One copy (the pad), no gather.
+    """
+    *lead, qlen, rlen = x.shape
+    if klen > rlen or not 0 <= shift <= qlen:
+        raise ValueError(f"rel_shift: klen={klen}, shift={shift} do not fit {qlen} queries x {rlen} positions")
+    padded = F.pad(x, (0, 1))  # [..., T, R+1]
+    flat = padded.flatten(-2)[..., shift : shift + qlen * rlen]  # [..., T*R]
+    return flat.view(*lead, qlen, rlen)[..., :klen]
+
+
+def causal_mask(qlen: int, mlen: int, same_length: bool = False, mem_len: int = 0, device=None) -> torch.Tensor:
+    """Boolean [T, K] mask, True where query i may NOT attend key j.
+
+    Query i sits at absolute position M + i: it sees keys j <= M + i (memory plus the causal part of the segment).
+    With `same_length`, every query sees the same number of keys: keys farther back than the window that the last
+    query sees are hidden too (the paper's evaluation setting). Example T=3, M=2, mem_len=2, same_length
+    (x = hidden):
+        [. . . x x]      [. . . x x]
+        [. . . . x]  ->  [x . . . x]
+        [. . . . .]      [x x . . .]
+    """
+    klen = mlen + qlen
+    ones = torch.ones(qlen, klen, dtype=torch.bool, device=device)
+    mask = torch.triu(ones, diagonal=1 + mlen)
+    if same_length:
+        visible = klen - mem_len
+        shift = qlen - visible if visible > 0 else qlen
+        mask = mask | torch.tril(ones, diagonal=-shift)
+    return mask
+
+
+def attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    score_bias: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float = 0.0,
+    use_sdpa: bool = True,
+    output_attentions: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax((query . key + score_bias) / sqrt(D) masked) @ value.
+
+    query [B, H, T, D] (already includes the content bias u), key/value [B, H, K, D], score_bias [B|1, H, T, K]
+    (the position and segment terms, unscaled), mask bool broadcastable to [B, H, T, K] (True = hidden).
+    A fully hidden row gets uniform weights instead of NaN (as XLNet's `-1e30` does).
+    """
+    scale = 1.0 / math.sqrt(query.size(-1))
+    bias = score_bias * scale
+    if mask is not None:
+        bias = bias.masked_fill(mask, torch.finfo(bias.dtype).min)
+    if use_sdpa and not output_attentions:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=bias.to(query.dtype), dropout_p=dropout_p,
+                                             scale=scale)
+        return out, None
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale + bias  # [B, H, T, K]
+    probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
+    probs_dropped = F.dropout(probs, p=dropout_p, training=dropout_p > 0)
+    return torch.matmul(probs_dropped, value), (probs if output_attentions else None)
+
+
+class RelativeMultiHeadAttention(nn.Module):
+    """Transformer-XL attention sublayer with its residual connection and LayerNorm (pre- or post-norm).
+
+    Weights: `qkv` fused [3*H*D, d] (queries from the segment, keys/values from [memory; segment]), `r_net` the
+    position projection W_R [H*D, d], `o_net` [d, H*D], and the content/position biases u, v (`r_w_bias`, `r_r_bias`)
+    per layer or shared (then passed in).
+    """
+
+    def __init__(self, config, r_w_bias: nn.Parameter | None = None, r_r_bias: nn.Parameter | None = None):
+        super().__init__()
+        self.n_head, self.d_head = config.n_head, config.d_head
+        inner = config.n_head * config.d_head
+        self.qkv_net = nn.Linear(config.d_model, 3 * inner, bias=False)
+        self.r_net = nn.Linear(config.d_model, inner, bias=False)
+        self.o_net = nn.Linear(inner, config.d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.drop = nn.Dropout(config.dropout)
+        self.dropatt = config.dropatt
+        self.pre_lnorm = config.pre_lnorm
+        if config.untie_r:
+            self.r_w_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.r_r_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+        self.use_sdpa = config._attn_implementation != "eager"
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, L, H*D] -> [B, H, L, D]."""
+        return x.view(x.size(0), x.size(1), self.n_head, self.d_head).transpose(1, 2)
+
+    def project(self, h: torch.Tensor, mem: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """Queries from `h` [B, T, d]; keys and values from `[mem; h]` [B, M+T, d]. Each [B, H, *, D]."""
+        if self.pre_lnorm:
+            h = self.layer_norm(h)
+            mem = None if mem is None else self.layer_norm(mem)
+        inner = self.n_head * self.d_head
+        q, k, v = F.linear(h, self.qkv_net.weight).split(inner, dim=-1)
+        if mem is not None and mem.size(1) > 0:
+            k_mem, v_mem = F.linear(mem, self.qkv_net.weight[inner:]).split(inner, dim=-1)
+            k, v = torch.cat([k_mem, k], dim=1), torch.cat([v_mem, v], dim=1)
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+    def position_scores(self, q: torch.Tensor, pos_emb: torch.Tensor, r_r_bias: torch.Tensor, klen: int,
+                        shift: int) -> torch.Tensor:
+        """(q + v) . W_R R for every (query, key) pair: [B, H, T, K], via one matmul over the table then rel_shift."""
+        r = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)  # [H, R, D]
+        scores = torch.matmul(q + r_r_bias[:, None], r.transpose(-1, -2))  # [B, H, T, R]
+        return rel_shift(scores, klen, shift)
+
+    def merge(self, h: torch.Tensor, attn_vec: torch.Tensor) -> torch.Tensor:
+        """Output projection, dropout, residual and (post-)LayerNorm. attn_vec [B, H, T, D] -> [B, T, d]."""
+        attn_vec = attn_vec.transpose(1, 2).reshape(h.size(0), h.size(1), -1)  # [B, T, H*D]
+        out = h + self.drop(self.o_net(attn_vec))
+        return out if self.pre_lnorm else self.layer_norm(out)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        pos_emb: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        mem: torch.Tensor | None = None,
+        r_w_bias: torch.Tensor | None = None,
+        r_r_bias: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """h [B, T, d], pos_emb [K, d] (distances K-1..0), attn_mask bool [T, K] or [B, 1, T, K]."""
+        r_w_bias = self.r_w_bias if r_w_bias is None else r_w_bias
+        r_r_bias = self.r_r_bias if r_r_bias is None else r_r_bias
+        q, k, v = self.project(h, mem)
+        klen = k.size(2)
+        bd = self.position_scores(q, pos_emb, r_r_bias, klen, shift=h.size(1) - 1)
+        dropout_p = self.dropatt if self.training else 0.0
+        attn_vec, probs = attend(q + r_w_bias[:, None], k, v, bd, attn_mask, dropout_p, self.use_sdpa,
+                                 output_attentions)
+        return self.merge(h, attn_vec), probs
