@@ -6,6 +6,8 @@ on the previous segment(s). It is passed in and returned, never kept inside the 
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +120,29 @@ class TransformerXLLayer(GradientCheckpointingLayer):
         return self.ff(h), probs
 
 
+# Every Auto class whose model lives in the files `save_pretrained` copies for remote code. transformers lists only the
+# saved class; a complete map lets `AutoModel.from_pretrained(dir, trust_remote_code=True)` load a causal-LM folder.
+AUTO_MAP = {
+    "AutoModel": "modeling_transformer_xl.TransformerXLModel",
+    "AutoModelForCausalLM": "modeling_transformer_xl.TransformerXLForCausalLM",
+}
+
+
+def complete_auto_map(save_directory, auto_map: dict[str, str]) -> None:
+    """Add `auto_map` entries to a saved config.json for every class whose module file was saved beside it."""
+    path = os.path.join(save_directory, "config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    if "auto_map" not in config:
+        return
+    for auto_class, reference in auto_map.items():
+        if os.path.exists(os.path.join(save_directory, reference.split(".")[0] + ".py")):
+            config["auto_map"].setdefault(auto_class, reference)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
 class TransformerXLPreTrainedModel(PreTrainedModel):
     config_class = TransformerXLConfig
     config: TransformerXLConfig
@@ -127,6 +152,11 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["TransformerXLLayer"]
     _supports_sdpa = True
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq"]
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if self._auto_class is not None and kwargs.get("is_main_process", True):
+            complete_auto_map(save_directory, AUTO_MAP)
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -1,0 +1,88 @@
+"""Adaptive input and adaptive log-softmax against naive references."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modeling_xl import TransformerXLConfig
+from modeling_xl.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
+
+
+def make(div_val=2, cutoffs=(20, 50), d_embed=16, d_model=16, vocab=97):
+    cfg = TransformerXLConfig.from_preset("debug", div_val=div_val, cutoffs=list(cutoffs), d_embed=d_embed,
+                                          d_model=d_model, vocab_size=vocab)
+    emb, crit = AdaptiveEmbedding(cfg), AdaptiveLogSoftmax(cfg)
+    for p in [*emb.parameters(), *crit.parameters()]:
+        torch.nn.init.normal_(p, std=0.3)
+    return cfg, emb, crit
+
+
+def test_cluster_bounds():
+    assert cluster_bounds(97, [20, 50]) == [(0, 20), (20, 50), (50, 97)]
+    assert cluster_bounds(10, []) == [(0, 10)]
+
+
+def test_no_cutoffs_equals_full_softmax():
+    cfg, _, crit = make(div_val=1, cutoffs=())
+    h = torch.randn(7, 16)
+    full = F.log_softmax(F.linear(h, crit.out_layers[0].weight, crit.out_layers[0].bias), -1)
+    torch.testing.assert_close(crit(h), full)
+    t = torch.randint(0, 97, (7,))
+    torch.testing.assert_close(crit(h, t), -full.gather(1, t[:, None]).squeeze(1))
+
+
+@pytest.mark.parametrize("div_val,d_embed", [(1, 16), (1, 24), (2, 16), (4, 32)])
+def test_log_probs_sum_to_one_and_nll_in_input_order(div_val, d_embed):
+    cfg, _, crit = make(div_val=div_val, d_embed=d_embed)
+    h = torch.randn(11, 16)
+    logp = crit(h)
+    assert logp.shape == (11, 97)
+    torch.testing.assert_close(logp.exp().sum(-1), torch.ones(11))
+    targets = torch.tensor([0, 96, 25, 19, 20, 49, 50, -100, 3, 70, 21])
+    nll = crit(h, targets)
+    want = torch.where(targets >= 0, -logp.gather(1, targets.clamp(min=0)[:, None]).squeeze(1), 0.0)
+    torch.testing.assert_close(nll, want)
+
+
+def test_tail_probability_factorises_through_cluster():
+    cfg, _, crit = make()
+    h = torch.randn(3, 16)
+    head = F.log_softmax(crit.cluster_logits(h, 0), -1)
+    tail = F.log_softmax(crit.cluster_logits(h, 2), -1)
+    torch.testing.assert_close(crit(h)[:, 50:], head[:, 20 + 1, None] + tail)
+
+
+@pytest.mark.parametrize("div_val", [1, 2])
+def test_every_parameter_gets_a_gradient_even_without_tail_targets(div_val):
+    cfg, emb, crit = make(div_val=div_val, d_embed=24 if div_val == 1 else 16)
+    ids = torch.randint(0, 20, (2, 5))  # head tokens only
+    nll = crit(emb(ids).view(-1, 16), ids.view(-1))
+    nll.sum().backward()
+    for name, p in [*emb.named_parameters(), *crit.named_parameters()]:
+        assert p.grad is not None, name
+
+
+def test_embedding_matches_per_token_lookup():
+    cfg, emb, _ = make(div_val=2)
+    ids = torch.tensor([[0, 19, 20, 49], [50, 96, 5, 30]])
+    out = emb(ids)
+    for b in range(2):
+        for t in range(4):
+            tok = int(ids[b, t])
+            i = next(k for k, (lo, hi) in enumerate(emb.bounds) if lo <= tok < hi)
+            vec = emb.emb_layers[i].weight[tok - emb.bounds[i][0]] @ emb.emb_projs[i].weight.T
+            torch.testing.assert_close(out[b, t], vec * 16**0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_with_div_val_above_one(dtype):
+    cfg, emb, crit = make(div_val=4, d_embed=32)
+    ids = torch.randint(0, 97, (2, 6))
+    with torch.autocast("cpu", dtype=dtype):
+        h = emb(ids)
+        nll = crit(h.view(-1, 16), ids.view(-1))
+        logp = crit(h.view(-1, 16))
+    assert nll.dtype == torch.float32 and torch.isfinite(nll).all()
+    torch.testing.assert_close(logp.exp().sum(-1), torch.ones(12), atol=1e-3, rtol=0)
+    ref = crit(emb(ids).view(-1, 16), ids.view(-1))
+    torch.testing.assert_close(nll, ref, atol=0.1, rtol=0.05)

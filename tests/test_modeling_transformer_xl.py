@@ -1,0 +1,215 @@
+"""Backbone and causal-LM head: recurrence, heads, loading, generation, input validation."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLModel
+
+
+def model_for(**overrides):
+    cfg = TransformerXLConfig.from_preset("debug", **overrides)
+    return TransformerXLForCausalLM(cfg).eval()
+
+
+def test_shapes_and_memory_growth():
+    model = model_for(mem_len=6)
+    x = torch.randint(0, 97, (3, 4))
+    out = model(x, output_hidden_states=True, output_attentions=True)
+    assert out.logits.shape == (3, 4, 97)
+    assert len(out.mems) == 2 and out.mems[0].shape == (3, 4, 16), "first segment starts from an empty memory"
+    assert len(out.hidden_states) == 3 and len(out.attentions) == 2
+    assert out.attentions[0].shape == (3, 2, 4, 4)
+    out2 = model(x, mems=out.mems, output_attentions=True)
+    assert out2.mems[0].shape == (3, 6, 16), "memory is capped at mem_len"
+    assert out2.attentions[0].shape == (3, 2, 4, 8)
+    assert all(not m.requires_grad for m in model.train()(x).mems), "memory is detached"
+
+
+def test_memory_is_last_mem_len_layer_inputs():
+    model = model_for(mem_len=5)
+    x = torch.randint(0, 97, (2, 4))
+    first = model(x, output_hidden_states=True)
+    second = model(x, mems=first.mems, output_hidden_states=True)
+    for layer in range(2):
+        want = torch.cat([first.hidden_states[layer], second.hidden_states[layer]], 1)[:, -5:]
+        torch.testing.assert_close(second.mems[layer], want)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("overrides", [{}, {"pre_lnorm": True, "untie_r": False}, {"clamp_len": 3, "div_val": 1}])
+def test_segment_by_segment_equals_one_pass(attn, overrides):
+    model = model_for(mem_len=64, **overrides)
+    model.config._attn_implementation = attn
+    for layer in model.transformer.layers:
+        layer.attn.use_sdpa = attn == "sdpa"
+    x = torch.randint(0, 97, (2, 13))
+    full = model(x, labels=x)
+    mems, parts = None, []
+    for lo, hi in [(0, 5), (5, 6), (6, 13)]:
+        out = model(x[:, lo:hi], mems=mems)
+        parts.append(out.logits)
+        mems = out.mems
+    torch.testing.assert_close(torch.cat(parts, 1), model(x).logits, atol=1e-5, rtol=1e-5)
+    # the same NLL through pre-shifted stream targets
+    nxt = torch.cat([x[:, 1:], torch.full((2, 1), -100)], 1)
+    torch.testing.assert_close(model(x, next_token_labels=nxt).loss, full.loss)
+
+
+def test_sdpa_equals_eager_with_same_length_and_memory():
+    model = model_for(mem_len=6, same_length=True, clamp_len=4)
+    x = torch.randint(0, 97, (2, 5))
+    mems = model(x).mems
+    sdpa = model(x, mems=mems).logits
+    for layer in model.transformer.layers:
+        layer.attn.use_sdpa = False
+    torch.testing.assert_close(model(x, mems=mems).logits, sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_gradient_reaches_every_parameter_and_checkpointing_matches():
+    model = model_for(dropout=0.0).train()
+    x = torch.randint(0, 97, (2, 6))
+    model(x, labels=x).loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert all(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "cluster" not in n)
+    model.zero_grad()
+    model.gradient_checkpointing_enable()
+    model(x, labels=x).loss.backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], atol=1e-6, rtol=1e-5)
+
+
+def test_weights_tied_and_round_trip(tmp_path):
+    model = model_for()
+    emb, head = model.transformer.word_emb, model.lm_head
+    assert head.out_layers[2].weight is emb.emb_layers[2].weight
+    assert head.out_projs[1].weight is emb.emb_projs[1].weight
+    assert head.out_projs[0].weight is not emb.emb_projs[0].weight  # tie_projs[0] is False as in the paper
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    assert set(auto_map) >= {"AutoConfig", "AutoModel", "AutoModelForCausalLM"}
+    x = torch.randint(0, 97, (2, 5))
+    for cls in (AutoModelForCausalLM, TransformerXLForCausalLM):
+        loaded = cls.from_pretrained(tmp_path).eval()
+        torch.testing.assert_close(loaded(x).logits, model(x).logits)
+        assert loaded.lm_head.out_layers[0].weight is loaded.transformer.word_emb.emb_layers[0].weight
+    base = AutoModel.from_pretrained(tmp_path).eval()
+    assert isinstance(base, TransformerXLModel)
+    torch.testing.assert_close(base(x).last_hidden_state, model.transformer(x).last_hidden_state)
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), TransformerXLConfig)
+
+
+REMOTE = textwrap.dedent("""
+    import sys, torch
+    sys.modules["modeling_xl"] = None  # the package must not be importable: the code comes from the folder
+    try:
+        import modeling_xl
+        raise SystemExit("modeling_xl importable")
+    except ImportError:
+        pass
+    from transformers import AutoModel, AutoModelForCausalLM
+    path, x = sys.argv[1], torch.load(sys.argv[2], weights_only=True)
+    lm = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+    assert type(lm).__module__.startswith("transformers_modules"), type(lm).__module__
+    base = AutoModel.from_pretrained(path, trust_remote_code=True).eval()
+    gen = lm.generate(x, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    torch.save({"logits": lm(x).logits, "hidden": base(x).last_hidden_state, "gen": gen}, sys.argv[3])
+""")
+
+
+def test_remote_code_loading_in_fresh_process(tmp_path):
+    model = model_for()
+    model.save_pretrained(tmp_path / "ckpt")
+    x = torch.randint(0, 97, (2, 5))
+    torch.save(x, tmp_path / "x.pt")
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    script = tmp_path / "remote.py"
+    script.write_text(REMOTE)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt"), str(tmp_path / "x.pt"),
+                           str(tmp_path / "out.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(tmp_path / "out.pt", weights_only=True)
+    torch.testing.assert_close(got["logits"], model(x).logits)
+    torch.testing.assert_close(got["hidden"], model.transformer(x).last_hidden_state)
+    want = model.generate(x, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert torch.equal(got["gen"], want)
+
+
+def test_generate_greedy_equals_hand_written_loop():
+    model = model_for(mem_len=4)
+    x = torch.randint(1, 97, (2, 5))
+    gen = model.generate(x, max_new_tokens=7, do_sample=False, pad_token_id=0, eos_token_id=None)
+    out = model(x)
+    tokens, mems = [x], out.mems
+    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    for _ in range(7):
+        tokens.append(nxt)
+        out = model(nxt, mems=mems)
+        mems, nxt = out.mems, out.logits[:, -1].argmax(-1, keepdim=True)
+    assert torch.equal(gen, torch.cat(tokens, 1))
+
+
+@pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, do_sample=False),
+                                    dict(do_sample=True, top_k=20)])
+def test_generate_with_memory_equals_generate_without(kwargs):
+    """With a memory covering the whole history, carrying memory is exact: same tokens as re-reading everything."""
+    with_mem = model_for(mem_len=64)
+    no_mem = model_for(mem_len=0)
+    no_mem.load_state_dict(with_mem.state_dict())
+    x = torch.randint(1, 97, (2, 5))
+    torch.manual_seed(1)
+    a = with_mem.generate(x, max_new_tokens=8, pad_token_id=0, eos_token_id=None, **kwargs)
+    torch.manual_seed(1)
+    b = no_mem.generate(x, max_new_tokens=8, pad_token_id=0, eos_token_id=None, **kwargs)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("make_kwargs,match", [
+    (lambda x, m: dict(input_ids=x + 200), "input_ids contains 2"),
+    (lambda x, m: dict(input_ids=x - 100), "input_ids contains -"),
+    (lambda x, m: dict(input_ids=x[:0]), "non-empty"),
+    (lambda x, m: dict(input_ids=x[:, :0]), "non-empty"),
+    (lambda x, m: dict(input_ids=x[0]), r"expected \[batch, seq_len\]"),
+    (lambda x, m: dict(input_ids=x.float()), "integer token ids"),
+    (lambda x, m: dict(input_ids=x, mems=m[:1]), "mems has 1 tensors; expected one per layer"),
+    (lambda x, m: dict(input_ids=x, mems=(m[0], m[1][:, :2])), r"mems\[1\] has shape"),
+    (lambda x, m: dict(input_ids=x, mems=tuple(t[:1] for t in m)), "batch=2"),
+    (lambda x, m: dict(input_ids=x, mems=tuple(t[..., :3] for t in m)), "d_model=16"),
+    (lambda x, m: dict(input_ids=x, labels=x[:, :3]), "labels has shape"),
+    (lambda x, m: dict(input_ids=x, next_token_labels=x + 100), "next_token_labels has ids outside"),
+    (lambda x, m: dict(input_ids=x, labels=x, next_token_labels=x), "at most one of"),
+])
+def test_bad_input_raises_value_error_naming_the_argument(make_kwargs, match):
+    model = model_for()
+    x = torch.randint(0, 97, (2, 4))
+    mems = model(x).mems
+    with pytest.raises(ValueError, match=match):
+        model(**make_kwargs(x, mems))
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(cutoffs=[50, 20]), "cutoffs"), (dict(cutoffs=[20, 97]), "below vocab_size"), (dict(div_val=0), "div_val"),
+    (dict(d_model=0), "d_model"), (dict(n_head=-1), "n_head"), (dict(mem_len=-2), "mem_len"),
+    (dict(clamp_len=-5), "clamp_len"), (dict(dropout=1.5), "dropout"), (dict(div_val=64), "div_val"),
+    (dict(tie_projs=[True]), "tie_projs"), (dict(attn_type="sideways"), "attn_type"),
+])
+def test_invalid_config_raises(bad, match):
+    with pytest.raises(ValueError, match=match):
+        TransformerXLConfig.from_preset("debug", **bad)
+
+
+def test_presets_build_and_unknown_preset_errors():
+    big = TransformerXLConfig.from_preset("wt103-base")
+    assert (big.n_layer, big.d_model, big.n_head, big.d_inner, big.cutoffs) == (16, 410, 10, 2100, [20000, 40000, 200000])
+    large = TransformerXLConfig.from_preset("enwik8-large")
+    assert (large.n_layer, large.d_model, large.d_head, large.cutoffs) == (24, 1024, 128, [])
+    with pytest.raises(ValueError, match="preset='nope'"):
+        TransformerXLConfig.from_preset("nope")

@@ -1,0 +1,97 @@
+"""Pure functions of the attention core against naive loops."""
+
+import pytest
+import torch
+
+from modeling_xl.relative_attention import attend, causal_mask, rel_shift, relative_positions, sinusoid_table
+
+
+def naive_shift(x, klen, shift):
+    *lead, qlen, rlen = x.shape
+    out = torch.full((*lead, qlen, klen), float("nan"))
+    for i in range(qlen):
+        for j in range(klen):
+            c = j + shift - i
+            if 0 <= c < rlen:
+                out[..., i, j] = x[..., i, c]
+    return out
+
+
+@pytest.mark.parametrize("qlen,mlen", [(1, 0), (4, 0), (4, 3), (5, 7)])
+def test_rel_shift_unidirectional_matches_gather(qlen, mlen):
+    klen = qlen + mlen
+    x = torch.randn(2, 3, qlen, klen)
+    got = rel_shift(x, klen, shift=qlen - 1)
+    want = naive_shift(x, klen, qlen - 1)
+    visible = ~causal_mask(qlen, mlen)
+    torch.testing.assert_close(got[..., visible], want[..., visible], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("qlen,mlen", [(3, 0), (4, 5)])
+def test_rel_shift_bidirectional_matches_gather(qlen, mlen):
+    klen = qlen + mlen
+    x = torch.randn(2, qlen, klen + qlen)  # distances klen .. -qlen+1
+    got = rel_shift(x, klen, shift=qlen)
+    torch.testing.assert_close(got, naive_shift(x, klen, qlen), rtol=0, atol=0)  # every entry is a real distance
+
+
+def test_rel_shift_puts_each_distance_where_it_belongs():
+    qlen, mlen = 3, 2
+    klen = qlen + mlen
+    dist = relative_positions(klen)  # [4, 3, 2, 1, 0]
+    x = dist.expand(qlen, klen)
+    shifted = rel_shift(x, klen, qlen - 1)
+    for i in range(qlen):
+        for j in range(mlen + i + 1):
+            assert shifted[i, j] == mlen + i - j
+
+
+def test_relative_positions_clamp_and_direction():
+    assert relative_positions(5, clamp_len=3).tolist() == [3, 3, 2, 1, 0]
+    assert relative_positions(3, qlen=2, bidirectional=True).tolist() == [3, 2, 1, 0, -1]
+    assert relative_positions(4, qlen=3, clamp_len=2, bidirectional=True).tolist() == [2, 2, 2, 1, 0, -1, -2]
+
+
+def test_sinusoid_table_formula():
+    pos = torch.tensor([0.0, 1.0, 7.0])
+    table = sinusoid_table(pos, 6)
+    for r, p in enumerate(pos.tolist()):
+        for k in range(3):
+            freq = 1 / 10000 ** (2 * k / 6)
+            assert table[r, k].item() == pytest.approx(torch.sin(torch.tensor(p * freq)).item(), abs=1e-6)
+            assert table[r, 3 + k].item() == pytest.approx(torch.cos(torch.tensor(p * freq)).item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("same_length", [False, True])
+@pytest.mark.parametrize("qlen,mlen,mem_len", [(3, 0, 4), (3, 2, 2), (4, 4, 4), (2, 5, 5)])
+def test_causal_mask_matches_definition(qlen, mlen, mem_len, same_length):
+    mask = causal_mask(qlen, mlen, same_length, mem_len)
+    klen = qlen + mlen
+    for i in range(qlen):
+        for j in range(klen):
+            hidden = j > mlen + i
+            if same_length:
+                visible = klen - mem_len
+                shift = qlen - visible if visible > 0 else qlen
+                hidden = hidden or j - i <= -shift
+            assert bool(mask[i, j]) == hidden, (i, j)
+    assert not mask.all(-1).any(), "every query sees at least itself"
+
+
+def test_attend_sdpa_equals_eager_and_masks():
+    q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+    bias = torch.randn(2, 3, 4, 6)
+    mask = causal_mask(4, 2)
+    eager, probs = attend(q, k, v, bias, mask, use_sdpa=False, output_attentions=True)
+    sdpa, _ = attend(q, k, v, bias, mask, use_sdpa=True)
+    torch.testing.assert_close(eager, sdpa, rtol=1e-5, atol=1e-5)
+    assert torch.all(probs[..., mask] == 0)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 3, 4))
+
+
+def test_attend_fully_masked_row_is_uniform_not_nan():
+    q, k, v = torch.randn(1, 1, 2, 4), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    mask = torch.tensor([[True, True, True], [False, True, True]])
+    out, probs = attend(q, k, v, torch.zeros(1, 1, 2, 3), mask, use_sdpa=False, output_attentions=True)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(probs[0, 0, 0], torch.full((3,), 1 / 3))
