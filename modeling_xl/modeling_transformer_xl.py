@@ -153,6 +153,30 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq"]
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """As in transformers, plus legacy transformers-4.x Transformer-XL folders/repos (model_type "transfo-xl"),
+        converted on the fly (see `legacy_conversion`)."""
+        from .legacy_conversion import find_legacy_files, load_legacy_model, local_resolver
+
+        path = str(pretrained_model_name_or_path)
+        if os.path.isdir(path):
+            resolve = local_resolver(path)
+        else:
+            from transformers.utils import cached_file
+
+            def resolve(name):
+                try:
+                    return cached_file(path, name, _raise_exceptions_for_missing_entries=False,
+                                       **{k: kwargs[k] for k in ("revision", "token", "cache_dir") if k in kwargs})
+                except OSError:  # unreachable or unknown repo: the regular loader reports it
+                    return None
+
+        legacy = find_legacy_files(resolve)
+        if legacy is not None:
+            return load_legacy_model(cls, *legacy, dtype=kwargs.get("dtype", kwargs.get("torch_dtype")))
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)
         if self._auto_class is not None and kwargs.get("is_main_process", True):

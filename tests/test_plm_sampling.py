@@ -142,9 +142,7 @@ def test_layout_bi_data_reverses_second_half_of_rows():
 
 def test_span_lengths_follow_inverse_n():
     rng = np.random.default_rng(0)
-    lengths = np.concatenate(
-        [np.diff(sample_target_spans(20_000, 20_000, rng), axis=1)[:, 0] for _ in range(8)]
-    )
+    lengths = np.concatenate([np.diff(sample_target_spans(20_000, 20_000, rng), axis=1)[:, 0] for _ in range(8)])
     counts = np.bincount(lengths, minlength=6)[1:]
     expected = span_length_probs(5) * len(lengths)
     chi_square = ((counts - expected) ** 2 / expected).sum()
@@ -271,7 +269,19 @@ def test_batch_shapes_dtypes_and_no_leak():
     assert torch.equal(ranks.sort(-1).values, torch.arange(13).expand(4, -1))
     # every reuse-half target comes before every second-half target in the order
     positions = batch["target_mapping"].argmax(-1)
-    assert torch.all(ranks[positions < 32].view(4, -1).max(-1).values < ranks[positions >= 32].view(4, -1).min(-1).values)
+    reuse_ranks, rest_ranks = ranks[positions < 32].view(4, -1), ranks[positions >= 32].view(4, -1)
+    assert torch.all(reuse_ranks.max(-1).values < rest_ranks.min(-1).values)
+
+
+def test_xlnet_large_sizes():
+    config = PLMSamplingConfig(sep_id=SEP, cls_id=CLS)  # seq 512, reuse 256, K 85, perm 256
+    assert config.num_predict_per_half == (43, 42)
+    stream = index_stream(4000)
+    ds = build_plm_dataset(stream, 2, config, seed=0, sentence_ids=sentence_ids_from_eos(stream % 23, eos_id=0))
+    batch = PLMCollator(config, seed=0)([ds[0], ds[1]])
+    positions = batch["target_mapping"].argmax(-1)
+    assert torch.equal((positions < 256).sum(-1), torch.tensor([43, 43]))
+    assert_no_leak(batch["perm_mask"], batch["target_mapping"], batch["target_mask"])
 
 
 def test_bi_data_batch_has_no_leak_and_exact_counts():

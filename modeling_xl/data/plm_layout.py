@@ -146,7 +146,7 @@ def plm_layout(
     sentence_len: int = 64,
     bi_data: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Lay a flat token stream out as permutation-LM samples, step-major: sample ``t * batch_size + b`` is row b, step t.
+    """Lay a flat token stream out as permutation-LM samples, step-major: sample ``t * batch_size + b`` = row b, step t.
 
     Args:
         stream: 1-D token ids. sentence_ids: same length, value changes at sentence boundaries (default:

@@ -18,7 +18,8 @@ def _check_shapes(perm_mask: torch.Tensor, target_mapping: torch.Tensor, target_
         raise ValueError(f"perm_mask must have shape [B, L, L], got {tuple(perm_mask.shape)}")
     batch, length = perm_mask.shape[0], perm_mask.shape[1]
     if target_mapping.dim() != 3 or target_mapping.shape[0] != batch or target_mapping.shape[2] != length:
-        raise ValueError(f"target_mapping must have shape [B={batch}, K, L={length}], got {tuple(target_mapping.shape)}")
+        shape = tuple(target_mapping.shape)
+        raise ValueError(f"target_mapping must have shape [B={batch}, K, L={length}], got {shape}")
     expected = (batch, target_mapping.shape[1])
     if target_mask is not None and tuple(target_mask.shape) != expected:
         raise ValueError(f"target_mask must have shape {list(expected)}, got {tuple(target_mask.shape)}")

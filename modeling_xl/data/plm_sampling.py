@@ -12,6 +12,14 @@ Masks follow transformers ``XLNetLMHeadModel``:
 - ``target_mapping[k, j] = 1``: the k-th prediction is at position j (one-hot rows, all-zero padded rows).
 Memory is the model's business: the memory for step t + 1 is ``cat(mems, h[:, :R])[-mem_len:]`` of step t, valid
 because half 0 never sees half 1 and because the reuse part of step t + 1 continues that of step t (plm_layout).
+
+Deviations from the original, on purpose:
+- <sep>/<cls> are never selected: a span covering one is dropped and the random fill skips them, so every sample has
+  exactly K real targets (the original could select them and then drop them, leaving padded target rows).
+- No SentencePiece word-start alignment: a span is n tokens (what the original's inner loop yields in practice,
+  since it tests the start piece at ``beg`` rather than ``end``); our tokens need not be SentencePiece pieces.
+- Targets are drawn online with the permutation (fresh each epoch); the original fixed them when writing tfrecords.
+- Randomness comes from ``plm_example_rng(seed, epoch, example_id)``, never from global RNGs.
 """
 
 from __future__ import annotations
@@ -186,9 +194,9 @@ def permutation_mask(rank: np.ndarray, is_target: np.ndarray, is_functional: np.
     """
     is_target = np.asarray(is_target, dtype=bool) & ~np.asarray(is_functional, dtype=bool)
     is_context = ~(is_target | np.asarray(is_functional, dtype=bool))
-    order = np.where(is_context, -1, rank)  # context first, all tied
-    query_order = np.where(is_target, order, order + 1)  # +1: sees its own key (functional and context)
-    return (query_order[:, None] <= order[None, :]) & ~is_context[None, :]
+    key_order = np.where(is_context, -1, rank)  # context keys come first, all tied (the original's smallest_index)
+    query_order = np.where(is_target, key_order, key_order + 1)  # +1: a non-target query also sees its own key
+    return query_order[:, None] <= key_order[None, :]  # context keys (-1) are below every query (>= 0): visible
 
 
 def join_half_masks(mask_reuse: np.ndarray, mask_rest: np.ndarray) -> np.ndarray:

@@ -1,0 +1,171 @@
+"""Import of transformers-4.x Transformer-XL checkpoints (model_type "transfo-xl") into this package's format.
+
+Nothing is unpickled: safetensors files are read as tensors, `pytorch_model.bin` with `torch.load(weights_only=True)`.
+The legacy layout differs from ours only in names (and in keeping `pos_emb.inv_freq`, which we recompute), so the
+conversion is an explicit key map with `{}` as the layer/cluster number and a shape check of every tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import torch
+
+from .configuration_transformer_xl import TransformerXLConfig
+
+LEGACY_MODEL_TYPE = "transfo-xl"
+
+# legacy name -> our name; `{}` stands for a layer or cluster number.
+KEY_MAP = {
+    "transformer.word_emb.emb_layers.{}.weight": "transformer.word_emb.emb_layers.{}.weight",
+    "transformer.word_emb.emb_projs.{}": "transformer.word_emb.emb_projs.{}.weight",
+    "transformer.r_w_bias": "transformer.r_w_bias",
+    "transformer.r_r_bias": "transformer.r_r_bias",
+    "transformer.layers.{}.dec_attn.qkv_net.weight": "transformer.layers.{}.attn.qkv_net.weight",
+    "transformer.layers.{}.dec_attn.r_net.weight": "transformer.layers.{}.attn.r_net.weight",
+    "transformer.layers.{}.dec_attn.o_net.weight": "transformer.layers.{}.attn.o_net.weight",
+    "transformer.layers.{}.dec_attn.r_w_bias": "transformer.layers.{}.attn.r_w_bias",
+    "transformer.layers.{}.dec_attn.r_r_bias": "transformer.layers.{}.attn.r_r_bias",
+    "transformer.layers.{}.dec_attn.layer_norm.weight": "transformer.layers.{}.attn.layer_norm.weight",
+    "transformer.layers.{}.dec_attn.layer_norm.bias": "transformer.layers.{}.attn.layer_norm.bias",
+    "transformer.layers.{}.pos_ff.CoreNet.0.weight": "transformer.layers.{}.ff.layer_1.weight",
+    "transformer.layers.{}.pos_ff.CoreNet.0.bias": "transformer.layers.{}.ff.layer_1.bias",
+    "transformer.layers.{}.pos_ff.CoreNet.3.weight": "transformer.layers.{}.ff.layer_2.weight",
+    "transformer.layers.{}.pos_ff.CoreNet.3.bias": "transformer.layers.{}.ff.layer_2.bias",
+    "transformer.layers.{}.pos_ff.layer_norm.weight": "transformer.layers.{}.ff.layer_norm.weight",
+    "transformer.layers.{}.pos_ff.layer_norm.bias": "transformer.layers.{}.ff.layer_norm.bias",
+    "crit.cluster_weight": "lm_head.cluster_weight",
+    "crit.cluster_bias": "lm_head.cluster_bias",
+    "crit.out_layers.{}.weight": "lm_head.out_layers.{}.weight",
+    "crit.out_layers.{}.bias": "lm_head.out_layers.{}.bias",
+    "crit.out_projs.{}": "lm_head.out_projs.{}.weight",
+}
+# Recomputed from the config (a non-persistent buffer in our model).
+DROPPED_KEYS = ("transformer.pos_emb.inv_freq",)
+_PATTERNS = [(re.compile("^" + re.escape(k).replace(r"\{\}", r"(\d+)") + "$"), v) for k, v in KEY_MAP.items()]
+
+
+def convert_key(legacy_key: str) -> str | None:
+    """Our name for a legacy key; None for keys we drop. Unknown keys raise (nothing is silently lost)."""
+    if legacy_key in DROPPED_KEYS:
+        return None
+    for pattern, target in _PATTERNS:
+        match = pattern.match(legacy_key)
+        if match:
+            return target.replace("{}", match.group(1)) if match.groups() else target
+    raise ValueError(f"legacy checkpoint key {legacy_key!r} is not a known Transformer-XL weight; expected one of "
+                     f"the patterns {sorted(KEY_MAP)}")
+
+
+def convert_config(legacy: dict) -> TransformerXLConfig:
+    """Our config from a legacy config.json dict (rejects variants the paper's released models never used)."""
+    if legacy.get("model_type") != LEGACY_MODEL_TYPE:
+        raise ValueError(f"model_type={legacy.get('model_type')!r}; expected {LEGACY_MODEL_TYPE!r}")
+    if legacy.get("attn_type", 0) != 0:
+        raise ValueError(f"attn_type={legacy['attn_type']!r} is not supported; expected 0 (relative attention)")
+    if legacy.get("sample_softmax", -1) > 0:
+        raise ValueError(f"sample_softmax={legacy['sample_softmax']!r} is not supported; expected -1")
+    cutoffs = list(legacy.get("cutoffs", []))
+    tie_projs = legacy.get("tie_projs")
+    if tie_projs is None:
+        tie_projs = [False] + [bool(legacy.get("proj_share_all_but_first", True))] * len(cutoffs)
+    fields = dict(
+        vocab_size=legacy["vocab_size"], d_model=legacy["d_model"], d_embed=legacy.get("d_embed", legacy["d_model"]),
+        n_layer=legacy["n_layer"], n_head=legacy["n_head"], d_head=legacy["d_head"], d_inner=legacy["d_inner"],
+        cutoffs=cutoffs, div_val=legacy.get("div_val", 1), tie_projs=list(tie_projs), adaptive=True,
+        pre_lnorm=legacy.get("pre_lnorm", False), untie_r=legacy.get("untie_r", True),
+        mem_len=legacy.get("mem_len", 0) or 0, clamp_len=legacy.get("clamp_len", -1),
+        same_length=legacy.get("same_length", False), dropout=legacy.get("dropout", 0.1),
+        dropatt=legacy.get("dropatt", 0.0), init_std=legacy.get("init_std", 0.02),
+        proj_init_std=legacy.get("proj_init_std", 0.01), layer_norm_epsilon=legacy.get("layer_norm_epsilon", 1e-5),
+        eos_token_id=legacy.get("eos_token_id", 0), tie_word_embeddings=legacy.get("tie_word_embeddings", True),
+    )
+    if fields["clamp_len"] < 0:
+        fields["clamp_len"] = -1
+    return TransformerXLConfig(**fields)
+
+
+def convert_state_dict(
+    legacy_state: dict[str, torch.Tensor], expected: dict[str, torch.Size], tied=(), skip_prefixes=()
+) -> dict[str, torch.Tensor]:
+    """Rename every legacy tensor and check it against the shape in `expected` (our name -> shape).
+
+    Keys whose new name starts with one of `skip_prefixes` are dropped (the softmax when loading a bare backbone);
+    parameters in `tied` may be absent (they are filled by tying).
+    """
+    converted = {}
+    for key, tensor in legacy_state.items():
+        name = convert_key(key)
+        if name is None or name.startswith(tuple(skip_prefixes)):
+            continue
+        if name not in expected:
+            raise ValueError(f"legacy key {key!r} maps to {name!r}, which this config does not have; the checkpoint "
+                             "and its config.json disagree")
+        if tuple(tensor.shape) != tuple(expected[name]):
+            raise ValueError(f"legacy key {key!r} has shape {tuple(tensor.shape)}; expected "
+                             f"{tuple(expected[name])} for {name!r}")
+        converted[name] = tensor
+    missing = sorted(set(expected) - set(converted) - set(tied))
+    if missing:
+        raise ValueError(f"legacy checkpoint lacks weights for {missing}")
+    return converted
+
+
+def is_legacy_checkpoint(config_dict: dict) -> bool:
+    return config_dict.get("model_type") == LEGACY_MODEL_TYPE
+
+
+def read_legacy_weights(path: str) -> dict[str, torch.Tensor]:
+    """Tensors of `model.safetensors` or `pytorch_model.bin` (weights_only: no arbitrary objects are unpickled)."""
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # weights_only refuses pickled objects that are not plain tensors
+        raise ValueError(f"{path} could not be read as plain tensors (weights_only=True): {err}") from err
+
+
+def load_legacy_model(cls, config_path: str, weights_path: str, dtype: torch.dtype | None = None):
+    """Build `cls` (our causal LM or bare backbone) from a legacy config.json and weights file."""
+    with open(config_path, encoding="utf-8") as f:
+        config = convert_config(json.load(f))
+    model = cls(config)
+    is_backbone = not hasattr(model, "transformer")
+    prefix = "transformer." if is_backbone else ""
+    expected = {prefix + k: v.shape for k, v in model.state_dict().items()}
+    tied = getattr(model, "all_tied_weights_keys", {}) or {}
+    converted = convert_state_dict(read_legacy_weights(weights_path), expected, tied,
+                                   skip_prefixes=("lm_head.",) if is_backbone else ())
+    model.load_state_dict({k[len(prefix):]: v for k, v in converted.items()}, strict=False)
+    model.tie_weights()
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
+def find_legacy_files(resolve) -> tuple[str, str] | None:
+    """(config path, weights path) if `resolve(filename)` finds a legacy checkpoint, else None."""
+    config_path = resolve("config.json")
+    if config_path is None:
+        return None
+    with open(config_path, encoding="utf-8") as f:
+        if not is_legacy_checkpoint(json.load(f)):
+            return None
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        weights = resolve(name)
+        if weights is not None:
+            return config_path, weights
+    raise ValueError(f"legacy Transformer-XL config found at {config_path} but neither model.safetensors nor "
+                     "pytorch_model.bin beside it")
+
+
+def local_resolver(directory: str):
+    def resolve(name):
+        path = os.path.join(directory, name)
+        return path if os.path.isfile(path) else None
+
+    return resolve

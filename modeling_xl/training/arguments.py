@@ -1,0 +1,291 @@
+"""Arguments of `scripts/pretrain.py`: one dataclass, a parser built from it, an optional YAML file, preset recipes.
+
+Precedence (lowest to highest): the preset's recipe (`RECIPES[preset]`), the YAML file (`--config run.yaml`), the
+command line. Every field left `None` after that falls back to the default written next to it below.
+
+Batch vocabulary (Transformer-XL, Dai et al. 2019, section 3.2 and `data_utils.py`): the corpus is cut into
+`train_batch_size` contiguous streams (the paper's batch size). With W processes, each process owns
+`train_batch_size / W` fixed streams (its rows); `gradient_accumulation_steps` further cuts a process's rows into
+that many chunks (the paper's `batch_chunk`), each with its own memory. One optimizer step always consumes one segment
+of `tgt_len` tokens from every stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..configuration_transformer_xl import PRESETS, RECIPES
+
+OBJECTIVES = ("clm", "plm")
+SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
+OPTIMIZERS = ("adamw", "adam")
+PRECISIONS = ("no", "fp16", "bf16")
+TRACKERS = ("tensorboard", "trackio", "all", "none")
+
+# recipe key -> argument name (RECIPES uses the paper's names)
+_RECIPE_FIELDS = {
+    "batch_size": "train_batch_size",
+    "tgt_len": "tgt_len",
+    "mem_len": "mem_len",
+    "eval_tgt_len": "eval_tgt_len",
+    "eval_mem_len": "eval_mem_len",
+    "eval_clamp_len": "eval_clamp_len",
+    "learning_rate": "learning_rate",
+    "warmup_steps": "num_warmup_steps",
+    "max_steps": "max_train_steps",
+}
+
+
+@dataclass
+class PretrainArguments:
+    """Everything a pretraining run needs; `None` means "from the preset recipe, else the fallback below"."""
+
+    # data
+    dataset_name: str | None = field(default=None, metadata={"help": "a `datasets` name (e.g. wikitext) or 'builtin' (offline corpus)"})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "the dataset configuration (e.g. wikitext-103-raw-v1)"})
+    train_file: str | None = field(default=None, metadata={"help": "a local text/json/csv/parquet training file"})
+    validation_file: str | None = field(default=None, metadata={"help": "a local validation file (same format)"})
+    text_column: str = field(default="text", metadata={"help": "column holding the text"})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "tokenizer folder; default: the model's, else one trained on the training split"})
+    tokenizer_type: str = field(default="word", metadata={"help": "tokenizer trained when none is given: word, char or byte"})
+    tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "maximum vocabulary of a trained tokenizer (default: the preset's vocab_size)"})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "processes for tokenization"})
+    char_level: bool | None = field(default=None, metadata={"help": "report bits per character (default: True for char/byte tokenizers)"})
+    # model
+    preset: str = field(default="tiny", metadata={"help": f"model preset: {', '.join(PRESETS)}"})
+    config_name: str | None = field(default=None, metadata={"help": "a config folder/JSON (overrides the preset architecture)"})
+    model_name_or_path: str | None = field(default=None, metadata={"help": "start from these weights (folder saved with save_pretrained)"})
+    objective: str = field(default="clm", metadata={"help": "clm (Transformer-XL) or plm (XLNet-style permutation LM)"})
+    dropout: float | None = field(default=None, metadata={"help": "override the preset's dropout"})
+    dropatt: float | None = field(default=None, metadata={"help": "override the preset's attention dropout"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute each layer in the backward pass"})
+    # recurrence
+    tgt_len: int | None = field(default=None, metadata={"help": "training segment length"})
+    mem_len: int | None = field(default=None, metadata={"help": "training memory length"})
+    clamp_len: int | None = field(default=None, metadata={"help": "training clamp_len (-1: none)"})
+    same_length: bool | None = field(default=None, metadata={"help": "training same_length"})
+    eval_tgt_len: int | None = field(default=None, metadata={"help": "evaluation segment length"})
+    eval_mem_len: int | None = field(default=None, metadata={"help": "evaluation memory length"})
+    eval_clamp_len: int | None = field(default=None, metadata={"help": "evaluation clamp_len"})
+    eval_same_length: bool | None = field(default=None, metadata={"help": "evaluation same_length (default True, as the paper)"})
+    # permutation LM (objective plm)
+    reuse_len: int | None = field(default=None, metadata={"help": "plm: tokens of each sample kept as memory (default tgt_len // 2)"})
+    num_predict: int | None = field(default=None, metadata={"help": "plm: targets per sample (default ~tgt_len / 6)"})
+    perm_size: int | None = field(default=None, metadata={"help": "plm: local permutation block (default reuse_len)"})
+    bi_data: bool = field(default=False, metadata={"help": "plm: half of the rows read backwards"})
+    # optimisation
+    output_dir: str | None = field(default=None, metadata={"help": "where the final model, logs and checkpoints go"})
+    train_batch_size: int | None = field(default=None, metadata={"help": "global batch = number of streams (all processes)"})
+    per_device_train_batch_size: int | None = field(default=None, metadata={"help": "streams per process (global = this x processes)"})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "chunks each process's streams are cut into (one memory each)"})
+    max_train_steps: int | None = field(default=None, metadata={"help": "optimizer steps"})
+    learning_rate: float | None = field(default=None, metadata={"help": "peak learning rate"})
+    optimizer: str = field(default="adamw", metadata={"help": "adamw or adam"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "cosine, linear, constant, constant_with_warmup"})
+    num_warmup_steps: int | None = field(default=None, metadata={"help": "linear warmup steps"})
+    max_grad_norm: float = field(default=0.25, metadata={"help": "gradient clipping (0.25 in the paper; 0: off)"})
+    mixed_precision: str | None = field(default=None, metadata={"help": "no, fp16 or bf16 (default: accelerate config)"})
+    seed: int = 42
+    # evaluation, checkpoints, feedback
+    eval_steps: int | None = field(default=None, metadata={"help": "evaluate every N steps (default: 5 times per run)"})
+    max_eval_segments: int | None = field(default=None, metadata={"help": "cap evaluation during training at N segments (final evaluation: all)"})
+    checkpointing_steps: int | None = field(default=None, metadata={"help": "save a checkpoint every N steps"})
+    checkpoints_total_limit: int | None = field(default=2, metadata={"help": "keep at most N checkpoints"})
+    resume_from_checkpoint: str | None = field(default=None, metadata={"help": "a checkpoint folder or 'latest'"})
+    logging_steps: int = field(default=10, metadata={"help": "log to the trackers every N steps"})
+    with_tracking: bool = field(default=False, metadata={"help": "log to the trackers of --report_to"})
+    report_to: str = field(default="tensorboard", metadata={"help": "tensorboard, trackio, all or none"})
+    disable_tqdm: bool = False
+    # publishing
+    push_to_hub: bool = False
+    hub_model_id: str | None = field(default=None, metadata={"help": "user/name on the Hub (default: the output folder name)"})
+    hub_token: str | None = None
+    hub_private_repo: bool = False
+    config: str | None = field(default=None, metadata={"help": "YAML (or JSON) file with any of these arguments"})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """argparse parser with one `--name` per dataclass field (booleans accept `--flag` or `--flag false`)."""
+    parser = argparse.ArgumentParser(
+        description="Pretrain a Transformer-XL (clm) or XLNet-style permutation LM (plm) with Accelerate.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for f in dataclasses.fields(PretrainArguments):
+        kind = _base_type(f.type)
+        kwargs = {"default": argparse.SUPPRESS, "help": f.metadata.get("help", f.name)}
+        if kind is bool:
+            kwargs.update(nargs="?", const=True, type=_parse_bool)
+        else:
+            kwargs["type"] = kind
+        parser.add_argument(f"--{f.name}", **kwargs)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> PretrainArguments:
+    """Command line (+ optional YAML file) -> validated, recipe-resolved arguments."""
+    given = vars(build_parser().parse_args(argv))
+    from_file = load_config_file(given["config"]) if "config" in given else {}
+    return resolve(PretrainArguments(**{**from_file, **given}), explicit=set(from_file) | set(given))
+
+
+def load_config_file(path: str) -> dict:
+    """Arguments from a YAML/JSON mapping; unknown keys are an error (typos must not be silently ignored)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"config={path!r} does not exist; expected a YAML or JSON file of arguments")
+    with open(path, encoding="utf-8") as handle:
+        values = yaml.safe_load(handle) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"config={path!r} holds a {type(values).__name__}; expected a mapping of argument: value")
+    known = {f.name for f in dataclasses.fields(PretrainArguments)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"config={path!r} has unknown keys {unknown}; expected names among {sorted(known)}")
+    return values
+
+
+def resolve(args: PretrainArguments, explicit: set[str] = frozenset()) -> PretrainArguments:
+    """Fill `None` fields from the preset's recipe then from fallbacks, and validate. Returns a new object."""
+    if args.preset not in RECIPES:
+        raise ValueError(f"preset={args.preset!r} is unknown; expected one of {sorted(RECIPES)}")
+    values = args.to_dict()
+    if values["per_device_train_batch_size"] is not None and "train_batch_size" in explicit:
+        raise ValueError(
+            f"train_batch_size={values['train_batch_size']} and per_device_train_batch_size="
+            f"{values['per_device_train_batch_size']} are both set; expected one (global = per-device x processes)"
+        )
+    for recipe_key, name in _RECIPE_FIELDS.items():
+        if values[name] is None and name not in explicit and recipe_key in RECIPES[args.preset]:
+            values[name] = RECIPES[args.preset][recipe_key]
+    fallbacks = dict(tgt_len=128, mem_len=128, eval_tgt_len=None, eval_mem_len=None, clamp_len=-1,
+                     eval_clamp_len=None, same_length=False, eval_same_length=True, learning_rate=2.5e-4,
+                     num_warmup_steps=0, max_train_steps=1000, train_batch_size=16, output_dir="outputs/pretrain")
+    for name, value in fallbacks.items():
+        if values[name] is None:
+            values[name] = value
+    for name, source in (("eval_tgt_len", "tgt_len"), ("eval_mem_len", "mem_len"), ("eval_clamp_len", "clamp_len")):
+        if values[name] is None:
+            values[name] = values[source]
+    if values["eval_steps"] is None:
+        values["eval_steps"] = max(1, values["max_train_steps"] // 5)
+    if values["dataset_name"] is None and values["train_file"] is None:
+        values["dataset_name"] = "builtin"
+    resolved = PretrainArguments(**values)
+    validate(resolved)
+    return resolved
+
+
+def validate(args: PretrainArguments) -> None:
+    """Argument-level checks (no I/O beyond existence of named files): ValueError naming argument, value, expectation."""
+    _choice("objective", args.objective, OBJECTIVES)
+    _choice("lr_scheduler_type", args.lr_scheduler_type, SCHEDULERS)
+    _choice("optimizer", args.optimizer, OPTIMIZERS)
+    _choice("report_to", args.report_to, TRACKERS)
+    if args.mixed_precision is not None:
+        _choice("mixed_precision", args.mixed_precision, PRECISIONS)
+    for name in ("train_batch_size", "tgt_len", "eval_tgt_len", "max_train_steps", "gradient_accumulation_steps",
+                 "eval_steps", "logging_steps"):
+        _positive(name, getattr(args, name))
+    for name in ("per_device_train_batch_size", "checkpointing_steps", "max_eval_segments", "checkpoints_total_limit"):
+        if getattr(args, name) is not None:
+            _positive(name, getattr(args, name))
+    for name in ("mem_len", "eval_mem_len", "num_warmup_steps"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"{name}={getattr(args, name)} is invalid; expected an integer >= 0")
+    for name in ("clamp_len", "eval_clamp_len"):
+        if getattr(args, name) < -1:
+            raise ValueError(f"{name}={getattr(args, name)} is invalid; expected -1 (no clamping) or >= 0")
+    if not args.learning_rate > 0:
+        raise ValueError(f"learning_rate={args.learning_rate} is invalid; expected a positive number")
+    if args.max_grad_norm < 0:
+        raise ValueError(f"max_grad_norm={args.max_grad_norm} is invalid; expected >= 0 (0 turns clipping off)")
+    if args.dataset_name is not None and args.train_file is not None:
+        raise ValueError(f"dataset_name={args.dataset_name!r} and train_file={args.train_file!r} are both set; expected one")
+    for name in ("train_file", "validation_file"):
+        path = getattr(args, name)
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"{name}={path!r} does not exist; expected an existing local text/json/csv/parquet file")
+    if args.push_to_hub and args.hub_model_id is not None and args.hub_model_id.count("/") > 1:
+        raise ValueError(f"hub_model_id={args.hub_model_id!r} is invalid; expected 'name' or 'user/name'")
+
+
+def processes_split(args: PretrainArguments, num_processes: int) -> tuple[int, int]:
+    """(global streams, streams per process). Raises when the streams cannot be shared evenly.
+
+    Example: train_batch_size 16 over 2 processes with 2 accumulation chunks -> (16, 8), each chunk 4 streams.
+    """
+    if args.per_device_train_batch_size is not None:
+        global_batch = args.per_device_train_batch_size * num_processes
+    else:
+        global_batch = args.train_batch_size
+    if global_batch % num_processes:
+        raise ValueError(
+            f"train_batch_size={global_batch} streams cannot be shared by {num_processes} processes; expected a "
+            f"multiple of {num_processes} (each process owns train_batch_size / num_processes fixed streams)"
+        )
+    per_process = global_batch // num_processes
+    if per_process % args.gradient_accumulation_steps:
+        raise ValueError(
+            f"gradient_accumulation_steps={args.gradient_accumulation_steps} does not divide the {per_process} streams "
+            f"of each process (train_batch_size={global_batch} / {num_processes} processes); expected a divisor of "
+            f"{per_process}"
+        )
+    return global_batch, per_process
+
+
+def check_output_dir(path: str) -> Path:
+    """Create the output folder and prove it is writable (before any training time is spent)."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write_test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as error:
+        raise ValueError(f"output_dir={path!r} is not writable ({error.strerror or error}); expected a folder you can write to") from None
+    return out
+
+
+def save_resolved(args: PretrainArguments, folder: Path, extra: dict | None = None) -> None:
+    """Write the resolved run configuration as YAML and JSON (`training_config.{yaml,json}`)."""
+    values = {**args.to_dict(), **(extra or {})}
+    (folder / "training_config.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
+    (folder / "training_config.json").write_text(json.dumps(values, indent=2))
+
+
+def _choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is invalid; expected one of {list(choices)}")
+
+
+def _positive(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name}={value!r} is invalid; expected a positive integer")
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = str(text).lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def _base_type(annotation) -> type:
+    """`int | None` -> int, 'float' -> float (annotations are strings under `from __future__ import annotations`)."""
+    text = str(annotation).replace("None", "").replace("|", "").strip()
+    return {"int": int, "float": float, "bool": bool, "str": str}[text]

@@ -1,0 +1,123 @@
+"""Checkpoints for exact resume: `accelerator.save_state` plus what Accelerate does not save.
+
+A checkpoint is a folder `<output_dir>/checkpoints/step_NNNNNNN/` holding
+- Accelerate's state (model weights as safetensors, optimizer, scheduler, per-process RNG, grad scaler);
+- `training_state.json`: step, data position (segments consumed), tokens seen, the batch layout it was written with;
+- `memories_rank{r}.safetensors`: process r's memories, one per accumulation chunk (`chunk{c}.layer{l}`), and its
+  torch RNG state (restored after Accelerate's, so dropout continues exactly).
+It is written into `.tmp_step_NNNNNNN/` and renamed into place only when complete (`os.replace` is atomic on one
+filesystem), so a crash during a save leaves the previous checkpoint usable. Files are only ever read with
+safetensors / JSON / `torch.load(weights_only=True)` (Accelerate's loader), never unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "training_state.json"
+_NAME = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_dir(output_dir, step: int) -> Path:
+    return Path(output_dir) / CHECKPOINTS / f"step_{step:07d}"
+
+
+def list_checkpoints(output_dir) -> list[Path]:
+    """Complete checkpoints (temporary folders of interrupted saves are ignored), oldest first."""
+    root = Path(output_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and (p / STATE_FILE).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def resolve_checkpoint(output_dir, requested: str) -> Path:
+    """`latest` -> the newest complete checkpoint of output_dir; otherwise the given folder (checked)."""
+    if requested == "latest":
+        found = list_checkpoints(output_dir)
+        if not found:
+            raise ValueError(f"resume_from_checkpoint='latest' found no checkpoint in {Path(output_dir) / CHECKPOINTS}; "
+                             "expected a previous run with --checkpointing_steps in this output_dir")
+        return found[-1]
+    path = Path(requested)
+    if not (path / STATE_FILE).is_file():
+        raise ValueError(f"resume_from_checkpoint={requested!r} is not a checkpoint folder; expected a folder with "
+                         f"{STATE_FILE} (e.g. {checkpoint_dir(output_dir, 100)}) or 'latest'")
+    return path
+
+
+def memories_to_tensors(memories: list, rng_state: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{'chunk{c}.layer{l}': tensor} for every chunk that has a memory, plus 'rng_state'."""
+    tensors = {"rng_state": rng_state}
+    for c, mems in enumerate(memories):
+        for layer, m in enumerate(mems or ()):
+            tensors[f"chunk{c}.layer{layer}"] = m.detach().contiguous().cpu()
+    return tensors
+
+
+def tensors_to_memories(tensors: dict[str, torch.Tensor], num_chunks: int, device) -> list:
+    """Inverse of `memories_to_tensors` (without the RNG state): a list of per-chunk tuples (or None)."""
+    memories = []
+    for c in range(num_chunks):
+        layers = sorted((int(k.rsplit("layer", 1)[1]), v) for k, v in tensors.items() if k.startswith(f"chunk{c}."))
+        memories.append(tuple(v.to(device) for _, v in layers) if layers else None)
+    return memories
+
+
+def save_checkpoint(accelerator, output_dir, step: int, state: dict, memories: list, keep: int | None) -> Path:
+    """Write the checkpoint of `step` atomically (all processes call this). Returns its final folder."""
+    final = checkpoint_dir(output_dir, step)
+    tmp = final.with_name(f".tmp_{final.name}")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=True)
+    save_file(memories_to_tensors(memories, torch.get_rng_state()),
+              str(tmp / f"memories_rank{accelerator.process_index}.safetensors"))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
+        if final.exists():  # re-saving a step (after a resume): the new copy replaces it only once complete
+            old = final.with_name(f".old_{final.name}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _prune(output_dir, keep)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator, folder: Path, num_chunks: int, device) -> tuple[dict, list]:
+    """Restore Accelerate's state, this process's memories and RNG; returns (training state dict, memories)."""
+    state = json.loads((Path(folder) / STATE_FILE).read_text())
+    accelerator.load_state(str(folder))
+    tensors = load_file(str(Path(folder) / f"memories_rank{accelerator.process_index}.safetensors"))
+    torch.set_rng_state(tensors.pop("rng_state"))
+    return state, tensors_to_memories(tensors, num_chunks, device)
+
+
+def check_compatible(state: dict, layout: dict, folder) -> None:
+    """The memories of a checkpoint only fit the same stream layout; say what differs."""
+    for key, value in layout.items():
+        if state.get(key) != value:
+            raise ValueError(f"resume_from_checkpoint={str(folder)!r} was written with {key}={state.get(key)!r}, "
+                             f"this run has {key}={value!r}; expected the same value to continue the streams exactly")
+
+
+def _prune(output_dir, keep: int | None) -> None:
+    if keep is None:
+        return
+    for old in list_checkpoints(output_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

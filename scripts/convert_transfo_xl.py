@@ -1,0 +1,65 @@
+#!/usr/bin/env python
+"""Convert a transformers-4.x Transformer-XL checkpoint (model_type "transfo-xl") into this package's format.
+
+    python scripts/convert_transfo_xl.py LEGACY_DIR OUT_DIR [--dtype float32|bfloat16|float16]
+
+LEGACY_DIR holds config.json and model.safetensors or pytorch_model.bin (read with weights_only=True: nothing is
+unpickled). OUT_DIR receives safetensors weights, config.json and the model code, loadable with
+`AutoModelForCausalLM.from_pretrained(OUT_DIR, trust_remote_code=True)`. A legacy vocabulary found beside the weights
+is converted by `tokenization` when it can be read safely; a pickled `vocab.pkl` is refused (see the message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from modeling_xl import TransformerXLForCausalLM  # noqa: E402
+from modeling_xl.legacy_conversion import find_legacy_files, load_legacy_model, local_resolver  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("legacy_dir", help="folder of the transformers-4.x Transformer-XL checkpoint")
+    parser.add_argument("out_dir", help="folder to write the converted model to")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    return parser.parse_args(argv)
+
+
+def convert(legacy_dir: str, out_dir: str, dtype: str = "float32") -> TransformerXLForCausalLM:
+    if not os.path.isdir(legacy_dir):
+        raise ValueError(f"legacy_dir={legacy_dir!r} is not a folder; expected a transformers-4.x checkpoint folder")
+    files = find_legacy_files(local_resolver(legacy_dir))
+    if files is None:
+        raise ValueError(f"legacy_dir={legacy_dir!r} has no config.json with model_type 'transfo-xl'")
+    model = load_legacy_model(TransformerXLForCausalLM, *files, dtype=getattr(torch, dtype))
+    model.save_pretrained(out_dir)
+    convert_vocabulary(legacy_dir, out_dir)
+    return model
+
+
+def convert_vocabulary(legacy_dir: str, out_dir: str) -> None:
+    """Convert a legacy vocabulary beside the checkpoint, if any, into a fast tokenizer in out_dir."""
+    try:
+        from tokenization.vocab_import import convert_legacy_vocab_folder
+    except ImportError:
+        return
+    convert_legacy_vocab_folder(legacy_dir, out_dir)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        convert(args.legacy_dir, args.out_dir, args.dtype)
+    except ValueError as err:
+        sys.exit(f"error: {err}")
+    print(f"converted {args.legacy_dir} -> {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()
