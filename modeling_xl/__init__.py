@@ -3,9 +3,10 @@
 Importing this package registers every config and model class with the transformers Auto classes.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from .configuration_transformer_xl import PRESETS, RECIPES, TransformerXLConfig
+from .modeling_classification import TransformerXLForSequenceClassification, TransformerXLSequenceClassifierOutput
 from .modeling_transformer_xl import (
     TransformerXLCausalLMOutput,
     TransformerXLForCausalLM,
@@ -17,11 +18,13 @@ from .modeling_transformer_xl import (
 AutoConfig.register(TransformerXLConfig.model_type, TransformerXLConfig, exist_ok=True)
 AutoModel.register(TransformerXLConfig, TransformerXLModel, exist_ok=True)
 AutoModelForCausalLM.register(TransformerXLConfig, TransformerXLForCausalLM, exist_ok=True)
+AutoModelForSequenceClassification.register(TransformerXLConfig, TransformerXLForSequenceClassification, exist_ok=True)
 
 # `save_pretrained` then writes the code next to the weights and a complete `auto_map` (trust_remote_code loading).
 TransformerXLConfig.register_for_auto_class()
 TransformerXLModel.register_for_auto_class("AutoModel")
 TransformerXLForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+TransformerXLForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
 
 __all__ = [
     "PRESETS",
@@ -29,6 +32,8 @@ __all__ = [
     "TransformerXLConfig",
     "TransformerXLModel",
     "TransformerXLForCausalLM",
+    "TransformerXLForSequenceClassification",
+    "TransformerXLSequenceClassifierOutput",
     "TransformerXLPreTrainedModel",
     "TransformerXLModelOutput",
     "TransformerXLCausalLMOutput",

@@ -33,6 +33,18 @@ PRESETS: dict[str, dict] = {
         vocab_size=204, d_model=1024, d_embed=1024, n_layer=24, n_head=8, d_head=128, d_inner=3072,
         cutoffs=[], adaptive=False, div_val=1, mem_len=768, clamp_len=-1, dropout=0.15, dropatt=0.15,
     ),
+    # XLNet (Yang et al. 2019, Table 7; the released xlnet-{base,large}-cased): SentencePiece vocabulary of 32000, GELU,
+    # bidirectional attention; dropout also on attention probabilities. Pretraining used seq 512, reuse 256, mem 384.
+    "xlnet-base": dict(
+        vocab_size=32000, d_model=768, n_layer=12, n_head=12, d_head=64, d_inner=3072, cutoffs=[], adaptive=False,
+        attn_type="bi", ff_activation="gelu", mem_len=384, reuse_len=256, clamp_len=-1, dropout=0.1, dropatt=0.1,
+        layer_norm_epsilon=1e-12,
+    ),
+    "xlnet-large": dict(
+        vocab_size=32000, d_model=1024, n_layer=24, n_head=16, d_head=64, d_inner=4096, cutoffs=[], adaptive=False,
+        attn_type="bi", ff_activation="gelu", mem_len=384, reuse_len=256, clamp_len=-1, dropout=0.1, dropatt=0.1,
+        layer_norm_epsilon=1e-12,
+    ),
 }
 
 # Training/evaluation recipe of each preset (batch, segment and memory lengths, schedule), used by the scripts.
@@ -49,6 +61,12 @@ RECIPES: dict[str, dict] = {
                         eval_clamp_len=820, learning_rate=2.5e-4, warmup_steps=0, max_steps=400_000),
     "enwik8-large": dict(batch_size=64, tgt_len=768, mem_len=768, eval_tgt_len=128, eval_mem_len=3800,
                          eval_clamp_len=1000, learning_rate=2.5e-4, warmup_steps=4_000, max_steps=400_000),
+    # XLNet-Large pretraining (Table 7: batch 8192, seq 512, mem 384, lr 4e-4, 40k warmup, 500k steps, linear decay);
+    # the paper gives no separate schedule for base, so it shares this one.
+    "xlnet-base": dict(batch_size=8192, tgt_len=512, mem_len=384, eval_tgt_len=512, eval_mem_len=384, eval_clamp_len=-1,
+                       learning_rate=4e-4, warmup_steps=40_000, max_steps=500_000),
+    "xlnet-large": dict(batch_size=8192, tgt_len=512, mem_len=384, eval_tgt_len=512, eval_mem_len=384,
+                        eval_clamp_len=-1, learning_rate=4e-4, warmup_steps=40_000, max_steps=500_000),
 }
 
 
@@ -72,6 +90,7 @@ class TransformerXLConfig(PreTrainedConfig):
         dropout, dropatt: dropout on activations and on attention probabilities.
         init_std, proj_init_std: normal init std of weights and of adaptive projections.
         attn_type, n_token_type, bi_data, ...: used by the permutation-LM head (see `modeling_permutation_lm`).
+        reuse_len: permutation LM: how many leading tokens of a sample feed the next memory (None: all of them).
     """
 
     model_type = "transformer-xl"
@@ -108,6 +127,7 @@ class TransformerXLConfig(PreTrainedConfig):
     attn_type: str = "uni"
     n_token_type: int = 0
     bi_data: bool = False
+    reuse_len: int | None = None
     ff_activation: str = "relu"
     # Sequence-classification fields (see modeling_classification).
     summary_type: str = "last"
@@ -169,6 +189,8 @@ class TransformerXLConfig(PreTrainedConfig):
             value = getattr(self, field)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{field}={value!r} is invalid; expected a probability in [0, 1)")
+        if self.reuse_len is not None and (not isinstance(self.reuse_len, int) or self.reuse_len < 1):
+            raise ValueError(f"reuse_len={self.reuse_len!r} is invalid; expected None or an integer >= 1")
         if self.attn_type not in ("uni", "bi"):
             raise ValueError(f"attn_type={self.attn_type!r} is invalid; expected 'uni' or 'bi'")
         if self.summary_type not in ("last", "first", "mean"):

@@ -100,6 +100,8 @@ def convert_state_dict(
         name = convert_key(key)
         if name is None or name.startswith(tuple(skip_prefixes)):
             continue
+        if name not in expected and re.fullmatch(r"transformer\.layers\.\d+\.attn\.r_[wr]_bias", name):
+            continue  # shared (untie_r=False) biases repeated under every layer by the legacy model
         if name not in expected:
             raise ValueError(f"legacy key {key!r} maps to {name!r}, which this config does not have; the checkpoint "
                              "and its config.json disagree")
@@ -107,6 +109,9 @@ def convert_state_dict(
             raise ValueError(f"legacy key {key!r} has shape {tuple(tensor.shape)}; expected "
                              f"{tuple(expected[name])} for {name!r}")
         converted[name] = tensor
+    for target, source in dict(tied).items():  # safetensors keeps one copy of tied tensors, either one
+        if source not in converted and target in converted:
+            converted[source] = converted[target]
     missing = sorted(set(expected) - set(converted) - set(tied))
     if missing:
         raise ValueError(f"legacy checkpoint lacks weights for {missing}")

@@ -58,6 +58,29 @@ def update_memory(mems, hiddens, mem_len: int):
         )
 
 
+def with_key_padding(mask: torch.Tensor, attention_mask: torch.Tensor, mlen: int) -> torch.Tensor:
+    """Add padding keys to a [T, K] mask (True = hidden): returns [B, 1, T, K] (broadcast over heads).
+
+    `attention_mask` [B, T] (the memory counts as real tokens) or [B, M+T] marks real tokens with 1 and padding with 0.
+    A query always keeps its own key, as XLNet's content stream does, so a padding query attends to itself instead of
+    to nothing. Example, T=3, M=0, causal, attention_mask=[[0, 1, 1]] (left padding; x = hidden):
+        [. x x]      [. x x]
+        [. . x]  ->  [x . x]
+        [. . .]      [x . .]
+    """
+    qlen, klen = mask.shape
+    batch = attention_mask.size(0)
+    if attention_mask.dim() != 2 or attention_mask.size(1) not in (qlen, klen):
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected [batch, seq_len={qlen}] "
+                         f"or [batch, mem_len + seq_len={klen}]")
+    real = attention_mask.to(device=mask.device, dtype=torch.bool)
+    if real.size(1) == qlen and mlen > 0:  # the memory is all real tokens
+        real = torch.cat([real.new_ones(batch, mlen), real], dim=1)  # [B, K]
+    own_key = torch.arange(klen, device=mask.device)[None, :] == torch.arange(qlen, device=mask.device)[:, None] + mlen
+    padding = ~real[:, None, :] & ~own_key  # [B, T, K]
+    return (mask[None] | padding)[:, None]  # [B, 1, T, K]
+
+
 def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) -> tuple[int, int]:
     """Validate the backbone inputs; returns (B, T). Errors name the argument, the value and what was expected."""
     if (input_ids is None) == (inputs_embeds is None):
@@ -235,8 +258,11 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> TransformerXLModelOutput | tuple:
+        """`attention_mask` (optional, 1 = real token, 0 = padding) [B, T] or [B, M+T] (memory included) hides padding
+        keys on top of the causal mask (used by sequence classification with padded batches)."""
         cfg = self.config
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -247,6 +273,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         h = self.word_emb(input_ids) if inputs_embeds is None else inputs_embeds
         mlen = 0 if mems is None else mems[0].size(1)
         mask = causal_mask(qlen, mlen, cfg.same_length, cfg.mem_len, device=h.device)
+        if attention_mask is not None:
+            mask = with_key_padding(mask, attention_mask, mlen)
         pos_emb = self.drop(self.position_embeddings(mlen + qlen, h.dtype, h.device))
         h = self.drop(h)
         shared_bias = (None, None) if cfg.untie_r else (self.r_w_bias, self.r_r_bias)

@@ -208,6 +208,9 @@ def validate(args: PretrainArguments) -> None:
     for name in ("clamp_len", "eval_clamp_len"):
         if getattr(args, name) < -1:
             raise ValueError(f"{name}={getattr(args, name)} is invalid; expected -1 (no clamping) or >= 0")
+    if args.num_warmup_steps > args.max_train_steps:
+        raise ValueError(f"num_warmup_steps={args.num_warmup_steps} is longer than max_train_steps="
+                         f"{args.max_train_steps}; expected at most the number of steps")
     if not args.learning_rate > 0:
         raise ValueError(f"learning_rate={args.learning_rate} is invalid; expected a positive number")
     if args.max_grad_norm < 0:

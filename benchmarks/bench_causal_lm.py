@@ -1,0 +1,132 @@
+"""Causal-LM training and evaluation: our TransformerXLForCausalLM vs transformers 4.35.0 `TransfoXLLMHeadModel`.
+
+Same config, same weights (the legacy model is created in its own venv with a seed and saved; ours loads that folder
+through `from_pretrained`, which converts it), same WikiText-2 batches (word level, contiguous streams, memory carried),
+float32, 2 threads. Every measurement runs in a fresh process; ours and legacy alternate `--repeats` times and the
+medians are compared, so both sides of a ratio come from the same run of this script.
+
+    python benchmarks/bench_causal_lm.py --legacy-python /work/venv435/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    OUR_PYTHON,
+    print_table,
+    run_worker,
+    stream_segments,
+    word_level_ids,
+    write_json,
+)
+
+WORKER = Path(__file__).resolve().parent / "causal_lm_worker.py"
+DEFAULT_VENV = Path.home() / ".cache" / "modeling_xl_bench" / "venv435"
+
+# Model and batch shapes per benchmark preset. `tiny` is the project's preset with its training recipe; `wide` is a
+# WT103-like model cut to what 2 cores can time in a minute (d_model 512, 6 layers, 30k adaptive vocabulary).
+BENCH_PRESETS = {
+    "tiny": dict(
+        model=dict(vocab_size=8000, d_model=128, d_embed=128, n_layer=4, n_head=4, d_head=32, d_inner=512,
+                   cutoffs=[2000, 4000], div_val=2, mem_len=64, clamp_len=-1, dropout=0.1, dropatt=0.0),
+        batch=16, tgt_len=64, train_steps=12, eval_steps=12,
+    ),
+    "wide": dict(
+        model=dict(vocab_size=30000, d_model=512, d_embed=512, n_layer=6, n_head=8, d_head=64, d_inner=2048,
+                   cutoffs=[5000, 15000], div_val=1, mem_len=128, clamp_len=-1, dropout=0.1, dropatt=0.0),
+        batch=8, tgt_len=128, train_steps=5, eval_steps=6,
+    ),
+}
+
+
+def legacy_config(model: dict) -> dict:
+    """TransfoXLConfig kwargs equivalent to our preset (tie_projs [False, True, ...] is the legacy default)."""
+    return dict(model, adaptive=True, untie_r=True, pre_lnorm=False, same_length=False, attn_type=0,
+                sample_softmax=-1, eos_token_id=0, init="normal", init_std=0.02, proj_init_std=0.01)
+
+
+def ensure_legacy_python(path: str | None) -> str:
+    """The legacy interpreter: `--legacy-python`, else a venv under ~/.cache built on first use (torch 2.13 first,
+    then transformers 4.35.0 and numpy<2, the last release that still has Transformer-XL)."""
+    if path:
+        return path
+    python = DEFAULT_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(DEFAULT_VENV)], check=True)
+        pip = [str(python), "-m", "pip", "install", "-q"]
+        subprocess.run(pip + ["torch==2.13.0", "--index-url", "https://download.pytorch.org/whl/cpu"], check=True)
+        subprocess.run(pip + ["transformers==4.35.0", "numpy<2", "safetensors"], check=True)
+    return str(python)
+
+
+def measure(name: str, spec: dict, legacy_python: str, repeats: int, workdir: Path, modes=("train", "eval")) -> dict:
+    model_dir = workdir / f"{name}-legacy"
+    created = run_worker(legacy_python, WORKER, dict(impl="legacy", mode="create", seed=1234, model_dir=str(model_dir),
+                                                     config=legacy_config(spec["model"])))
+    n_seg = max(spec["train_steps"], spec["eval_steps"]) + 3
+    ids = word_level_ids(spec["model"]["vocab_size"], max_tokens=spec["batch"] * (n_seg * spec["tgt_len"] + 1))
+    data_path = workdir / f"{name}-segments.pt"
+    torch.save(torch.stack(stream_segments(ids, spec["batch"], spec["tgt_len"], n_seg)), data_path)
+    result = {"n_params": created["n_params"], "spec": spec}
+    for mode in modes:
+        steps = spec[f"{mode}_steps"]
+        runs = {"ours": [], "legacy": []}
+        for _ in range(repeats):  # alternate so that load changes on the shared machine hit both sides alike
+            for impl, python in (("ours", OUR_PYTHON), ("legacy", legacy_python)):
+                runs[impl].append(run_worker(python, WORKER, dict(impl=impl, mode=mode, model_dir=str(model_dir),
+                                                                  data_path=str(data_path), warmup=2, steps=steps)))
+        result[mode] = {impl: digest(r) for impl, r in runs.items()}
+    return result
+
+
+def digest(runs: list[dict]) -> dict:
+    """Median over repeats of each run's median step time; peak memory median; all raw numbers kept."""
+    per_run = [statistics.median(r["times"]) for r in runs]
+    step = statistics.median(per_run)
+    return {
+        "tokens_per_s": runs[0]["tokens_per_step"] / step,
+        "step_s_median": step,
+        "step_s_per_run": per_run,
+        "peak_mb": statistics.median(r["peak_bytes"] for r in runs) / 2**20,
+        "peak_mb_per_run": [r["peak_bytes"] / 2**20 for r in runs],
+        "peak_method": runs[0]["peak_method"],
+        "first_losses": runs[0]["losses"][:3],
+    }
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--legacy-python", default=None, help="interpreter with transformers==4.35.0")
+    parser.add_argument("--presets", nargs="+", default=list(BENCH_PRESETS), choices=list(BENCH_PRESETS))
+    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per side and measurement")
+    parser.add_argument("--output", default="benchmarks/results/causal_lm.json")
+    args = parser.parse_args(argv)
+    legacy_python = ensure_legacy_python(args.legacy_python)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.presets:
+            results[name] = measure(name, BENCH_PRESETS[name], legacy_python, args.repeats, Path(tmp))
+    rows = []
+    for name, res in results.items():
+        for mode in ("train", "eval"):
+            ours, legacy = res[mode]["ours"], res[mode]["legacy"]
+            rows.append([name, f"{mode} tokens/s", ours["tokens_per_s"], legacy["tokens_per_s"],
+                         ours["tokens_per_s"] / legacy["tokens_per_s"]])
+            rows.append([name, f"{mode} peak MB", ours["peak_mb"], legacy["peak_mb"],
+                         ours["peak_mb"] / max(legacy["peak_mb"], 1e-9)])
+    table = print_table(["preset", "metric", "ours", "legacy 4.35", "ours / legacy"], rows)
+    write_json(args.output, {"results": results, "table": table, "repeats": args.repeats})
+    return results
+
+
+if __name__ == "__main__":
+    main()

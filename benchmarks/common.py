@@ -1,0 +1,203 @@
+"""Shared helpers of the benchmarks: timing, peak memory, WikiText-2 batches, matmul rate, tables and JSON.
+
+This file must import under both interpreters the benchmarks use (our /work/venv and the legacy transformers-4.35
+venv), so it depends on torch and the standard library only.
+
+Peak memory. Each measurement runs in a fresh subprocess (`run_worker`). After the model and the batches exist, the
+worker resets the kernel's resident-set high-water mark (`echo 5 > /proc/self/clear_refs`, Linux >= 4.0) and records
+the current RSS as the baseline; after the measured steps the peak is `VmHWM - baseline` from /proc/self/status: the
+extra memory of training (activations, gradients, optimizer state, allocator slack), with the weights and data
+excluded. Where clear_refs cannot be written, `resource.getrusage(RUSAGE_SELF).ru_maxrss` minus the baseline is used
+(its mark cannot be reset, so a transient peak while loading would hide a smaller training peak; the JSON says which
+method ran). RSS counts what the process really touches, which is what the legacy model and ours both pay, whatever
+allocator sits below; torch has no CPU allocator statistics in this version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+WIKITEXT2_TRAIN = DATA / "wikitext-2" / "train.txt"
+OUR_PYTHON = sys.executable
+DEFAULT_THREADS = 2
+
+
+# ----------------------------------------------------------------------------------------------------------------- time
+def set_threads(n: int = DEFAULT_THREADS) -> None:
+    torch.set_num_threads(n)
+
+
+def timed(fn, repeats: int, warmup: int = 1) -> list[float]:
+    """Wall seconds of `repeats` calls of `fn` after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def summary(times: list[float]) -> dict:
+    """Median and spread of repeated timings (the spread shows the noise of a shared machine)."""
+    return {
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "n": len(times),
+        "rel_spread": (max(times) - min(times)) / statistics.median(times),
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------- memory
+def _status_kib(field: str) -> int | None:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
+class PeakMemory:
+    """Peak extra resident memory (bytes) between `start()` and `stop()`; see the module docstring."""
+
+    def __init__(self):
+        self.method = "VmHWM after clear_refs"
+        self.baseline = 0
+
+    def start(self) -> None:
+        import gc
+
+        gc.collect()
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            self.method = "ru_maxrss (high-water mark not resettable)"
+        self.baseline = _status_kib("VmRSS") * 1024
+
+    def stop(self) -> int:
+        if self.method.startswith("VmHWM"):
+            peak = _status_kib("VmHWM") * 1024
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return max(peak - self.baseline, 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------- data
+def word_level_ids(vocab_size: int, max_tokens: int | None = None, path: Path = WIKITEXT2_TRAIN) -> torch.Tensor:
+    """WikiText-2 train as word ids: whitespace split plus `<eos>` at each line end (the paper's corpus reader), ids
+    sorted by frequency (what the adaptive softmax cutoffs expect), words past `vocab_size - 1` mapped to `<unk>`.
+    Our project has no word-level tokenizer yet (`tokenization/` is empty), hence this small vocabulary."""
+    words = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            tokens = line.split()
+            if tokens:
+                words.extend(tokens)
+                words.append("<eos>")
+            if max_tokens is not None and len(words) >= max_tokens:
+                break
+    counts = Counter(words)
+    counts.pop("<unk>", None)
+    vocab = ["<unk>"] + [w for w, _ in counts.most_common(vocab_size - 1)]
+    index = {w: i for i, w in enumerate(vocab)}
+    ids = torch.tensor([index.get(w, 0) for w in words[:max_tokens]], dtype=torch.long)
+    return ids
+
+
+def stream_segments(ids: torch.Tensor, batch: int, tgt_len: int, n_segments: int) -> list[torch.Tensor]:
+    """Cut the stream into `batch` contiguous rows and return `n_segments` consecutive [batch, tgt_len + 1] windows
+    (the +1 overlaps the next window: inputs and shifted labels of one segment; row b of segment s+1 continues row b
+    of segment s, so the memory stays meaningful)."""
+    need = batch * (n_segments * tgt_len + 1)
+    if ids.numel() < need:
+        raise ValueError(f"ids has {ids.numel()} tokens; expected at least {need} for {n_segments} segments")
+    rows = ids[:need].view(batch, -1)
+    return [rows[:, s * tgt_len : (s + 1) * tgt_len + 1].clone() for s in range(n_segments)]
+
+
+# ------------------------------------------------------------------------------------------------------------- matmul
+def matmul_flops(n: int = 2048, repeats: int = 5) -> dict:
+    """Float32 FLOP/s of torch.mm on two n x n matrices (2 n^3 per product), median of `repeats`."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    times = timed(lambda: torch.mm(a, b), repeats, warmup=2)
+    stats = summary(times)
+    stats["flops_per_s"] = 2 * n**3 / stats["median_s"]
+    stats["n"] = n
+    return stats
+
+
+# ------------------------------------------------------------------------------------------------------- subprocesses
+def run_worker(python: str, script: str | Path, args: dict, timeout: int = 1800) -> dict:
+    """Run `python script --args JSON` in a fresh process (2 threads) and return the JSON of its last stdout line."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(DEFAULT_THREADS), MKL_NUM_THREADS=str(DEFAULT_THREADS),
+               TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(script).resolve().parent), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([python, str(script), "--args", json.dumps(args)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{python} {script} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def worker_args() -> dict:
+    """The JSON dict a worker was started with (`--args`)."""
+    return json.loads(sys.argv[sys.argv.index("--args") + 1])
+
+
+def emit(result: dict) -> None:
+    """A worker's answer: one JSON line on stdout."""
+    print(json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------- reporting
+def print_table(headers: list[str], rows: list[list]) -> str:
+    """Markdown table of `rows`; numbers formatted compactly. Returns the text (also printed)."""
+
+    def fmt(x):
+        if isinstance(x, float):
+            return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+        return str(x)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in rows]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def write_json(path: str | Path, payload: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = dict(payload, machine=machine_description())
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {path}", flush=True)
+
+
+def machine_description() -> dict:
+    model = "unknown"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        model = next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")), model)
+    except OSError:
+        pass
+    return {"cpu": model, "cpu_count": os.cpu_count(), "threads": DEFAULT_THREADS, "torch": torch.__version__,
+            "load_avg_at_end": os.getloadavg()}
+
+
+def median_of(results: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in results)

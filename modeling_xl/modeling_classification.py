@@ -1,0 +1,260 @@
+"""Sequence classification on the Transformer-XL backbone (and XLNet-style bidirectional checkpoints).
+
+Pipeline: backbone -> pool one vector per sequence (`summary_type`: last / first / mean real token) -> XLNet's sequence
+summary (Linear d_model -> d_model, tanh, dropout) -> Linear to `num_labels`. The head's parameter names follow
+transformers' `XLNetForSequenceClassification` (`sequence_summary.summary`, `logits_proj`), so imported XLNet weights
+need no renaming for the head.
+
+Padding: `attention_mask` (1 = real token, 0 = padding) hides padding keys in attention and from the pooling. XLNet
+fine-tunes with left padding and `<cls>` last; then "last" is simply position T-1, and with right padding it is the
+last real token. Long documents: `forward_long` reads a document segment by segment, carrying memory, and classifies
+from the last segment, so every token of a document longer than one segment can influence the label.
+
+Shapes: B batch, T segment length, N document length, M memory length, d d_model, C num_labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.utils import ModelOutput
+
+from .configuration_transformer_xl import TransformerXLConfig
+from .modeling_transformer_xl import AUTO_MAP, TransformerXLModel, TransformerXLPreTrainedModel, complete_auto_map
+
+CLASSIFICATION_AUTO_MAP = {
+    **AUTO_MAP,
+    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
+}
+
+
+@dataclass
+class TransformerXLSequenceClassifierOutput(ModelOutput):
+    """loss (with labels); logits [B, C]; mems for a following segment; hidden_states / attentions on request."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    mems: tuple[torch.FloatTensor, ...] | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+def pool_hidden(hidden: torch.Tensor, attention_mask: torch.Tensor | None, summary_type: str) -> torch.Tensor:
+    """One vector per sequence from hidden [B, T, d] -> [B, d], counting only real tokens (mask 1).
+
+    Example, T=4, hidden rows h0..h3, attention_mask [0, 1, 1, 1] (left padding):
+        last -> h3, first -> h1, mean -> (h1 + h2 + h3) / 3.
+    With right padding [1, 1, 0, 0]: last -> h1, first -> h0, mean -> (h0 + h1) / 2. Without a mask every token is
+    real (last -> h3, as XLNet's `hidden[:, -1]`).
+    """
+    if attention_mask is None:
+        real = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+    else:
+        real = attention_mask.to(device=hidden.device, dtype=torch.bool)
+    positions = torch.arange(hidden.size(1), device=hidden.device).expand_as(real)  # [B, T]
+    if summary_type == "last":
+        index = torch.where(real, positions, -1).amax(dim=1)
+    elif summary_type == "first":
+        index = torch.where(real, positions, hidden.size(1)).amin(dim=1)
+    elif summary_type == "mean":
+        weights = real.to(hidden.dtype).unsqueeze(-1)  # [B, T, 1]
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+    else:
+        raise ValueError(f"summary_type={summary_type!r} is invalid; expected 'last', 'first' or 'mean'")
+    index = index.clamp(0, hidden.size(1) - 1)  # an all-padding row (rejected earlier) would not index out of range
+    return hidden[torch.arange(hidden.size(0), device=hidden.device), index]
+
+
+def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move every row's real tokens to the end, keeping their order (padding first), for segment-wise reading.
+
+    Example: ids [[5, 6, 0, 0]], mask [[1, 1, 0, 0]] -> ids [[0, 0, 5, 6]], mask [[0, 0, 1, 1]].
+    """
+    order = torch.sort(attention_mask.to(torch.int8), dim=1, stable=True).indices  # zeros first, then ones
+    return input_ids.gather(1, order), attention_mask.gather(1, order)
+
+
+def with_memory_mask(mem_mask: torch.Tensor | None, segment_mask: torch.Tensor) -> torch.Tensor:
+    """Key mask over [memory; segment]: [B, M] and [B, T] -> [B, M+T] (no memory: the segment's mask)."""
+    return segment_mask if mem_mask is None else torch.cat([mem_mask, segment_mask], dim=1)
+
+
+def infer_problem_type(num_labels: int, labels: torch.Tensor) -> str:
+    """As transformers: one output -> regression; integer labels -> single label; float labels -> multi label."""
+    if num_labels == 1:
+        return "regression"
+    if labels.dtype in (torch.long, torch.int, torch.int16, torch.int8, torch.uint8):
+        return "single_label_classification"
+    return "multi_label_classification"
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor, problem_type: str) -> torch.Tensor:
+    """MSE (regression), cross-entropy (single label, class ids) or BCE-with-logits (multi label, 0/1 per class)."""
+    batch, num_labels = logits.shape
+    labels = labels.to(logits.device)
+    if problem_type == "regression":
+        if labels.numel() != batch * num_labels:
+            raise ValueError(f"labels has shape {tuple(labels.shape)}; expected {batch} x {num_labels} regression "
+                             "targets")
+        return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype).view_as(logits.squeeze(-1)))
+    if problem_type == "single_label_classification":
+        labels = labels.view(-1)
+        if labels.numel() != batch:
+            raise ValueError(f"labels has shape {tuple(labels.shape)}; expected one class id per sequence ({batch})")
+        valid = labels != -100
+        if bool(((labels < 0) | (labels >= num_labels))[valid].any()):
+            bad = labels[valid & ((labels < 0) | (labels >= num_labels))][0].item()
+            raise ValueError(f"labels contains {bad}; expected class ids in [0, num_labels={num_labels}) (or -100)")
+        return F.cross_entropy(logits, labels.long(), ignore_index=-100)
+    if problem_type == "multi_label_classification":
+        if tuple(labels.shape) != (batch, num_labels):
+            raise ValueError(f"labels has shape {tuple(labels.shape)}; expected [batch={batch}, num_labels="
+                             f"{num_labels}] of 0/1 targets")
+        return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+    raise ValueError(f"problem_type={problem_type!r} is invalid; expected 'regression', "
+                     "'single_label_classification' or 'multi_label_classification'")
+
+
+class SequenceSummary(nn.Module):
+    """XLNet's summary of the pooled vector: dropout(tanh(Linear_{d->d}(x)))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.summary = nn.Linear(config.d_model, config.d_model)
+        self.activation = nn.Tanh()
+        self.last_dropout = nn.Dropout(config.classifier_dropout)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.last_dropout(self.activation(self.summary(pooled)))
+
+
+def backbone_for(config):
+    """The causal Transformer-XL backbone (`attn_type="uni"`) or the bidirectional XLNet-style one ("bi")."""
+    if config.attn_type == "uni":
+        return TransformerXLModel(config)
+    from .modeling_permutation_lm import TransformerXLPermutationModel
+
+    return TransformerXLPermutationModel(config)
+
+
+class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
+    """Backbone + pooling (`config.summary_type`) + sequence summary + `logits_proj` [d -> num_labels]."""
+
+    _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"^lm_head\.", r"^lm_loss\."]
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = backbone_for(config)
+        self.sequence_summary = SequenceSummary(config)
+        self.logits_proj = nn.Linear(config.d_model, config.num_labels)
+        self.post_init()
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if self._auto_class is not None and kwargs.get("is_main_process", True):
+            complete_auto_map(save_directory, CLASSIFICATION_AUTO_MAP)
+
+    def encode(self, input_ids, attention_mask=None, mems=None, token_type_ids=None, inputs_embeds=None,
+               output_attentions=None, output_hidden_states=None):
+        """Run the backbone. The causal backbone takes a key mask over [memory; segment]; the bidirectional one (as
+        XLNet) only over the segment, its memory always being visible, so padding must not have entered its memory."""
+        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        if attention_mask is not None and self.config.attn_type == "bi":
+            x = input_ids if input_ids is not None else inputs_embeds
+            if bool((attention_mask[:, : attention_mask.size(1) - x.size(1)] == 0).any()):
+                raise ValueError("attention_mask hides memory positions, which the bidirectional backbone "
+                                 "(attn_type='bi') cannot do (XLNet's memory is always visible); expected documents "
+                                 "without padding in memory (equal lengths in a batch, or batch size 1)")
+            attention_mask = attention_mask[:, -x.size(1):]
+        return self.transformer(input_ids=input_ids, mems=mems, inputs_embeds=inputs_embeds,
+                                output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                                return_dict=True, attention_mask=attention_mask, **extra)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        mems: tuple[torch.FloatTensor, ...] | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TransformerXLSequenceClassifierOutput | tuple:
+        """`attention_mask` [B, T] (or [B, M+T] with memory) 1 = real token; `labels` [B] class ids, [B, C] 0/1
+        targets (multi label) or [B] / [B, 1] floats (regression, num_labels == 1)."""
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        x = input_ids if input_ids is not None else inputs_embeds
+        segment_mask = None
+        if attention_mask is not None and x is not None:
+            if attention_mask.dim() != 2 or attention_mask.size(0) != x.size(0):
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected [batch="
+                                 f"{x.size(0)}, seq_len={x.size(1)}] (or memory + seq_len)")
+            segment_mask = attention_mask[:, -x.size(1):]  # [B, T]
+            empty = (segment_mask == 0).all(dim=1)
+            if bool(empty.any()):
+                raise ValueError(f"attention_mask marks no real token in sequences {empty.nonzero().flatten().tolist()}"
+                                 "; expected at least one token per sequence to classify")
+        outputs = self.encode(input_ids, attention_mask, mems, token_type_ids, inputs_embeds, output_attentions,
+                              output_hidden_states)
+        pooled = pool_hidden(outputs.last_hidden_state, segment_mask, self.config.summary_type)  # [B, d]
+        logits = self.logits_proj(self.sequence_summary(pooled))  # [B, C]
+        loss = None
+        if labels is not None:
+            if self.config.problem_type is None:
+                self.config.problem_type = infer_problem_type(self.num_labels, labels)
+            loss = classification_loss(logits, labels, self.config.problem_type)
+        out = TransformerXLSequenceClassifierOutput(loss=loss, logits=logits, mems=outputs.mems,
+                                                    hidden_states=outputs.hidden_states,
+                                                    attentions=outputs.attentions)
+        return out if return_dict else out.to_tuple()
+
+    def forward_long(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        segment_len: int = 128,
+    ) -> TransformerXLSequenceClassifierOutput:
+        """Classify documents [B, N] longer than one segment: read them `segment_len` tokens at a time with memory
+        (`config.mem_len`) and classify from the last segment.
+
+        Each row's real tokens are moved to the end (`left_align`) and the document is left-padded to a multiple of
+        `segment_len`, so the last segment holds the end of every document. Padding stays hidden as memory too: the
+        key mask is carried along the memory ([B, M+T]). Memory is detached (Dai et al. 2019, Sec. 3.2): earlier
+        segments run without gradient, only the last segment's forward is trained.
+        """
+        if input_ids.dim() != 2 or input_ids.size(1) == 0:
+            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, doc_len > 0]")
+        if not isinstance(segment_len, int) or segment_len <= 0:
+            raise ValueError(f"segment_len={segment_len!r} is invalid; expected a positive integer")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected the shape of "
+                             f"input_ids {tuple(input_ids.shape)}")
+        lengths = attention_mask.ne(0).sum(dim=1)
+        if bool((lengths == 0).any()):
+            empty = (lengths == 0).nonzero().flatten().tolist()
+            raise ValueError(f"documents {empty} are empty (no real token in attention_mask); expected at least one "
+                             "token per document")
+        input_ids, attention_mask = left_align(input_ids, attention_mask.ne(0).long())
+        pad = -input_ids.size(1) % segment_len
+        input_ids = F.pad(input_ids, (pad, 0), value=self.config.pad_token_id or 0)  # [B, N'], N' % T == 0
+        attention_mask = F.pad(attention_mask, (pad, 0), value=0)
+        mems, mem_mask = None, None
+        for start in range(0, input_ids.size(1) - segment_len, segment_len):  # every segment but the last
+            window = slice(start, start + segment_len)
+            key_mask = with_memory_mask(mem_mask, attention_mask[:, window])  # [B, M+T]
+            with torch.no_grad():  # memory is detached anyway: no gradient reaches these segments
+                mems = self.encode(input_ids[:, window], key_mask, mems).mems
+            mem_mask = None if mems is None else key_mask[:, -mems[0].size(1):]  # the memory keeps the last M keys
+        window = slice(input_ids.size(1) - segment_len, None)
+        key_mask = with_memory_mask(mem_mask, attention_mask[:, window])
+        return self(input_ids[:, window], attention_mask=key_mask, mems=mems, labels=labels, return_dict=True)

@@ -1,0 +1,266 @@
+"""XLNet-style permutation language model on the Transformer-XL backbone (Yang et al. 2019).
+
+Layout: batch-first. `perm_mask[b, i, j] = 1`: position i may NOT see the content of position j. `target_mapping[b, m]`
+is a one-hot row selecting the position of the m-th prediction (an all-zero row is padding). Memory (`mems`) is one
+tensor [B, M, d_model] per layer: that layer's content-stream input, `cat(mem, h[:, :reuse_len])[-mem_len:]`.
+
+Differences from the Transformer-XL backbone: a plain (unscaled) token embedding tied to the output layer; the query
+stream g (from `mask_emb`) runs beside the content stream h through the same weights (`two_stream_attention`);
+bidirectional relative positions (attn_type "bi", table K ... -T+1); the relative segment term; `bi_data`.
+
+bi_data, as in XLNet's model code (and transformers' XLNetModel): rows [0, B/2) use the forward position table and
+rows [B/2, B) the backward one (every distance negated). The model never reverses the tokens: the data pipeline puts
+the reversed text in rows [B/2, B) (`modeling_xl.data.plm_layout`). The batch must therefore be even.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils import ModelOutput
+
+from .configuration_transformer_xl import TransformerXLConfig
+from .modeling_transformer_xl import (
+    PositionwiseFF,
+    TransformerXLModelOutput,
+    TransformerXLPreTrainedModel,
+    check_inputs,
+    update_memory,
+)
+from .relative_attention import relative_positions, sinusoid_table
+from .two_stream_attention import Stream, TwoStreamAttention, permutation_masks, segment_mismatch
+
+
+@dataclass
+class TransformerXLPermutationLMOutput(ModelOutput):
+    """loss: sum(CE * target_mask) / sum(target_mask); losses: CE * target_mask per prediction [B, P];
+    logits: raw scores at the predictions [B, P, V] ([B, T, V] without target_mapping); mems, hidden_states (per layer
+    the content stream, and the query stream when present), attentions ((content, query) probabilities per layer)."""
+
+    loss: torch.FloatTensor | None = None
+    losses: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    mems: tuple[torch.FloatTensor, ...] | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple | None = None
+
+
+def check_permutation_inputs(config, batch: int, qlen: int, perm_mask, target_mapping, token_type_ids,
+                             attention_mask, reuse_len) -> None:
+    """Validate the permutation-LM inputs against the batch [B, T]; errors name the argument, value and expectation."""
+    for name, x, shape, text in (
+        ("perm_mask", perm_mask, (batch, qlen, qlen), f"[batch={batch}, seq_len={qlen}, seq_len={qlen}]"),
+        ("token_type_ids", token_type_ids, (batch, qlen), f"[batch={batch}, seq_len={qlen}]"),
+        ("attention_mask", attention_mask, (batch, qlen), f"[batch={batch}, seq_len={qlen}]"),
+    ):
+        if x is not None and tuple(x.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {text}")
+    if target_mapping is not None:
+        if target_mapping.dim() != 3 or target_mapping.size(0) != batch or target_mapping.size(2) != qlen:
+            raise ValueError(f"target_mapping has shape {tuple(target_mapping.shape)}; expected "
+                             f"[batch={batch}, num_predict, seq_len={qlen}]")
+        if not bool(((target_mapping == 0) | (target_mapping == 1)).all() and (target_mapping.sum(-1) <= 1).all()):
+            raise ValueError("target_mapping has a row that is not one-hot; expected each row [b, m] to select one "
+                             "position (a 1, zeros elsewhere) or to be all zero (a padded prediction)")
+    if config.bi_data and batch % 2:
+        raise ValueError(f"batch size {batch} is odd; bi_data=True expects an even batch (rows [B/2, B) use the "
+                         "backward position table)")
+    if reuse_len is not None and config.mem_len > 0 and not 0 < reuse_len < qlen:
+        raise ValueError(f"reuse_len={reuse_len} does not fit seq_len={qlen}; expected 0 < reuse_len < seq_len "
+                         "(the first reuse_len tokens become the memory of the next step)")
+
+
+def permutation_lm_loss(logits: torch.Tensor, labels: torch.Tensor, target_mask: torch.Tensor | None):
+    """(loss, losses): losses = CE * weight per prediction, loss = sum(losses) / sum(weight), weight = target_mask
+    (1 when None) times (labels != -100)."""
+    weight = (labels != -100).to(logits.dtype)
+    if target_mask is not None:
+        weight = weight * target_mask.to(logits.dtype)
+    ce = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
+    losses = ce.view_as(weight) * weight
+    return losses.sum() / weight.sum().clamp(min=torch.finfo(weight.dtype).tiny), losses
+
+
+class PermutationLMLayer(GradientCheckpointingLayer):
+    """Two-stream attention, then the same feed-forward sublayer on each stream."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.attn = TwoStreamAttention(config)
+        self.ff = PositionwiseFF(config)
+
+    def forward(self, h, g, pos_emb, content, query, mem=None, shared_biases=None, output_attentions=False):
+        h, g, probs = self.attn(h, g, pos_emb, content, query, mem, shared_biases, output_attentions)
+        return self.ff(h), (None if g is None else self.ff(g)), probs
+
+
+class TransformerXLPermutationModel(TransformerXLPreTrainedModel):
+    """The XLNet backbone: token embedding, `mask_emb`, n_layer two-stream layers with memory.
+
+    Without `target_mapping` only the content stream runs and `last_hidden_state` is h [B, T, d] (fine-tuning,
+    classification); with it, `last_hidden_state` is the query stream g at the predictions [B, P, d].
+    """
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__(config)
+        if config.cutoffs or config.d_embed != config.d_model:
+            raise ValueError(f"cutoffs={config.cutoffs}, d_embed={config.d_embed} are not supported by the "
+                             f"permutation LM; expected adaptive=False (cutoffs []) and d_embed = d_model="
+                             f"{config.d_model} (one embedding tied to the output layer, as in XLNet)")
+        self.word_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.mask_emb = nn.Parameter(torch.zeros(1, 1, config.d_model))
+        if not config.untie_r:  # one (u, v, s) triple shared by all layers
+            self.r_w_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.r_r_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+            self.r_s_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(PermutationLMLayer(config) for _ in range(config.n_layer))
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.word_emb
+
+    def set_input_embeddings(self, value):
+        self.word_emb = value
+
+    def position_embeddings(self, klen: int, qlen: int, dtype, device) -> torch.Tensor:
+        """Sinusoids of the distances K ... -T+1 (bi) or K ... 0 (uni, XLNet's table), clamped: [S, R, d].
+        With bi_data a second table holds the negated distances (the backward rows)."""
+        if self.config.attn_type == "bi":
+            pos = relative_positions(klen, qlen, self.config.clamp_len, bidirectional=True)
+        else:
+            pos = relative_positions(klen + 1, clamp_len=self.config.clamp_len)
+        pos = pos.to(device)
+        tables = torch.stack([pos, -pos]) if self.config.bi_data else pos[None]
+        return sinusoid_table(tables.flatten(), self.config.d_model).view(len(tables), len(pos), -1).to(dtype)
+
+    def streams(self, perm_mask, attention_mask, token_type_ids, target_mapping, batch, qlen, mlen, device):
+        """The content `Stream` and, with `target_mapping`, the query `Stream` at the targets' positions."""
+        content_mask, query_mask = permutation_masks(perm_mask, attention_mask, mlen, self.config.attn_type == "uni",
+                                                     batch, qlen, device)
+        mismatch = None if token_type_ids is None else segment_mismatch(token_type_ids, mlen)
+        content = Stream(None if content_mask is None else content_mask[:, None], mismatch)
+        if target_mapping is None:
+            return content, None
+        positions, present = target_mapping.argmax(-1), target_mapping.sum(-1)  # [B, P] each
+        return content, content.rows(query_mask, positions, present)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        perm_mask: torch.Tensor | None = None,
+        target_mapping: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        mems: tuple[torch.FloatTensor, ...] | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        reuse_len: int | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TransformerXLModelOutput | tuple:
+        """`reuse_len` (default `config.reuse_len`; None: all T) is how many leading tokens feed the next memory."""
+        cfg = self.config
+        output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
+        return_dict = cfg.return_dict if return_dict is None else return_dict
+        reuse_len = cfg.reuse_len if reuse_len is None else reuse_len
+        batch, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems)
+        check_permutation_inputs(cfg, batch, qlen, perm_mask, target_mapping, token_type_ids, attention_mask,
+                                 reuse_len)
+        mems = mems if mems is not None and mems[0].size(1) > 0 else None
+        mlen = 0 if mems is None else mems[0].size(1)
+
+        h = self.word_emb(input_ids) if inputs_embeds is None else inputs_embeds
+        content, query = self.streams(perm_mask, attention_mask, token_type_ids, target_mapping, batch, qlen, mlen,
+                                      h.device)
+        g = None if target_mapping is None else self.drop(self.mask_emb.expand(batch, target_mapping.size(1), -1))
+        h = self.drop(h)
+        pos_emb = self.drop(self.position_embeddings(mlen + qlen, qlen, h.dtype, h.device))
+        shared = None if cfg.untie_r else (self.r_w_bias, self.r_r_bias, self.r_s_bias)
+
+        hiddens, states, attentions = [], [], []
+        for i, layer in enumerate(self.layers):
+            hiddens.append(h)
+            states.append(h if g is None else (h, g))
+            h, g, probs = layer(h, g, pos_emb, content, query, None if mems is None else mems[i], shared,
+                                output_attentions=output_attentions)
+            attentions.append(probs if g is not None else probs[0])
+        states.append(h if g is None else (h, g))
+        output = self.drop(h if g is None else g)
+
+        out = TransformerXLModelOutput(
+            last_hidden_state=output,
+            mems=update_memory(mems, [x[:, :reuse_len] for x in hiddens], cfg.mem_len),
+            hidden_states=tuple(states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+        return out if return_dict else out.to_tuple()
+
+
+class TransformerXLForPermutationLM(TransformerXLPreTrainedModel):
+    """Permutation-LM pretraining head: logits only at the predictions, from the query stream; output layer tied to
+    the token embedding, with its own bias. Without `target_mapping` it scores every position from the content stream
+    (as transformers' XLNetLMHeadModel does)."""
+
+    def __init__(self, config: TransformerXLConfig):
+        super().__init__(config)
+        self.transformer = TransformerXLPermutationModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=True)
+        self._tied_weights_keys = {"lm_head.weight": "transformer.word_emb.weight"}
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    @classmethod
+    def from_xlnet(cls, path_or_model, **config_overrides) -> "TransformerXLForPermutationLM":
+        """Import a transformers `XLNetLMHeadModel` (a model object or a saved folder); see `xlnet_conversion`."""
+        from .xlnet_conversion import load_xlnet_into
+
+        return load_xlnet_into(cls, path_or_model, **config_overrides)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        perm_mask: torch.Tensor | None = None,
+        target_mapping: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        mems: tuple[torch.FloatTensor, ...] | None = None,
+        labels: torch.LongTensor | None = None,
+        target_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        reuse_len: int | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TransformerXLPermutationLMOutput | tuple:
+        """labels [B, P] (the true token of each prediction; -100 ignored), target_mask [B, P] (0 for padded
+        predictions); both [B, T] without target_mapping."""
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.transformer(input_ids, perm_mask, target_mapping, token_type_ids, attention_mask, mems,
+                                   inputs_embeds, reuse_len, output_attentions, output_hidden_states,
+                                   return_dict=True)
+        logits = self.lm_head(outputs.last_hidden_state)  # [B, P, V]
+        loss = losses = None
+        if labels is not None:
+            expected = tuple(logits.shape[:2])
+            for name, x in (("labels", labels), ("target_mask", target_mask)):
+                if x is not None and tuple(x.shape) != expected:
+                    raise ValueError(f"{name} has shape {tuple(x.shape)}; expected [batch, num_predict] = {expected}")
+            if bool(((labels < 0) & (labels != -100)).any() or (labels >= self.config.vocab_size).any()):
+                raise ValueError(f"labels has ids outside [0, vocab_size={self.config.vocab_size}) (and not -100)")
+            loss, losses = permutation_lm_loss(logits, labels, target_mask)
+        out = TransformerXLPermutationLMOutput(loss=loss, losses=losses, logits=logits, mems=outputs.mems,
+                                               hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        return out if return_dict else out.to_tuple()

@@ -1,0 +1,49 @@
+"""Data for a pretraining run: tokenizer, this process's training rows, its validation rows, facts for the card."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .streams import RankStreams
+
+
+@dataclass
+class PretrainData:
+    """Everything the loop reads. `train` / `validation` hold only this process's rows."""
+
+    tokenizer: object
+    train: RankStreams
+    validation: RankStreams
+    info: dict = field(default_factory=dict)  # dataset_name, description, train_tokens, eval_tokens, char_level, ...
+
+    def train_batches(self, start_step: int, max_steps: int, device):
+        """(step, batch on device) for step in [start_step, max_steps): batch t is a pure function of t."""
+        for step in range(start_step, max_steps):
+            batch = self.train.batch(step)
+            yield step, {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+    def validation_batches(self, device):
+        for batch in self.validation:
+            yield {k: v.to(device) for k, v in batch.items()}
+
+
+def tokenizer_vocab_size(tokenizer) -> int:
+    """Ids the model must accept: len(tokenizer), or more when the vocabulary has gaps (highest id + 1)."""
+    return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
+
+
+def data_from_tokens(tokenizer, train_ids, valid_ids, *, num_streams: int, tgt_len: int, eval_tgt_len: int,
+                     num_processes: int = 1, process_index: int = 0, info: dict | None = None) -> PretrainData:
+    """PretrainData from two 1-D token id sequences (training and validation), split over processes."""
+    vocab = tokenizer_vocab_size(tokenizer)
+    for name, ids in (("training", train_ids), ("validation", valid_ids)):
+        ids = torch.as_tensor(ids)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise ValueError(f"the {name} token ids reach {int(ids.max())}, outside the tokenizer's vocabulary of "
+                             f"{vocab}; expected ids produced by the same tokenizer")
+    train = RankStreams(train_ids, num_streams, tgt_len, num_processes, process_index)
+    validation = RankStreams(valid_ids, num_streams, eval_tgt_len, num_processes, process_index, pad=True)
+    facts = {"train_tokens": len(train_ids), "eval_tokens": len(valid_ids), **(info or {})}
+    return PretrainData(tokenizer, train, validation, facts)

@@ -1,0 +1,186 @@
+"""`run_pretraining(args)`: the whole run, each stage a short function (checks -> data -> model -> train -> publish).
+
+Every check that can fail on bad input (arguments, output folder, data files, tokenizer/model vocabulary, how the
+streams split over processes and chunks, the checkpoint to resume) runs before the first optimizer step.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+
+from .arguments import PretrainArguments, check_output_dir, processes_split, save_resolved
+from .checkpointing import check_compatible, load_checkpoint, resolve_checkpoint, save_checkpoint
+from .data import PretrainData, tokenizer_vocab_size
+from .evaluation import evaluate_causal_lm
+from .feedback import LOG_FILE, PLOT_FILE, Progress, StepLog, plot_losses, tracker_names
+from .models import build_config, build_model, build_optimizer, build_scheduler
+from .objectives import objective_for
+from .publishing import model_card, push_folder, write_results
+from .steps import NonFiniteLossError, train_step
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunState:
+    """What changes from step to step (and goes into a checkpoint besides Accelerate's state)."""
+
+    step: int = 0  # optimizer steps done = training segments consumed per stream
+    tokens_seen: int = 0
+    memories: list = field(default_factory=list)  # one entry per accumulation chunk: tuple of n_layer tensors or None
+    eval_history: list = field(default_factory=list)
+    last_checkpoint: str | None = None
+
+
+def make_accelerator(args: PretrainArguments) -> Accelerator:
+    """Accelerate handles devices, DDP, autocast and grad scaling. We feed tensors ourselves (ordered streams), so
+    no dataloader is prepared; `split_batches=True` makes the scheduler step once per optimizer step."""
+    trackers = tracker_names(args.report_to) if args.with_tracking else []
+    return Accelerator(
+        mixed_precision=args.mixed_precision,
+        log_with=trackers or None,
+        project_config=ProjectConfiguration(project_dir=args.output_dir, logging_dir=f"{args.output_dir}/runs"),
+        dataloader_config=DataLoaderConfiguration(split_batches=True),
+    )
+
+
+def run_pretraining(args: PretrainArguments, data_builder: Callable[..., PretrainData] | None = None) -> dict:
+    """Train, evaluate, write the final folder (and push it). Returns the final validation metrics.
+
+    `data_builder(args, process_index, num_processes, per_process)` -> PretrainData; default: `corpus.build_data`
+    (the datasets/tokenizers pipeline). Tests pass their own to train on tiny corpora.
+    """
+    started = time.perf_counter()
+    output_dir = check_output_dir(args.output_dir)
+    accelerator = make_accelerator(args)
+    global_batch, per_process = processes_split(args, accelerator.num_processes)
+    set_seed(args.seed)
+    if data_builder is None:
+        from .corpus import build_data as data_builder  # the data pipeline (datasets, tokenizers) is only needed here
+    data = data_builder(args, accelerator.process_index, accelerator.num_processes, per_process)
+    config = build_config(args, tokenizer_vocab_size(data.tokenizer))
+    objective = objective_for(args, data)
+    model = build_model(args, config, objective.model_class)
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer)
+    layout = {"train_batch_size": global_batch, "num_processes": accelerator.num_processes,
+              "gradient_accumulation_steps": args.gradient_accumulation_steps, "tgt_len": args.tgt_len}
+    resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint) if args.resume_from_checkpoint else None
+    if accelerator.is_main_process:
+        save_resolved(args, output_dir, {"resolved_batch": layout, "model_config": config.to_dict()})
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    state = RunState(memories=[None] * args.gradient_accumulation_steps)
+    if resume_from is not None:
+        restore(accelerator, resume_from, layout, state, args)
+    if args.with_tracking:
+        accelerator.init_trackers("pretrain", config=_flat_hparams(args))
+    try:
+        train(accelerator, args, model, optimizer, scheduler, data, objective, state, layout, global_batch)
+    except NonFiniteLossError as error:
+        accelerator.end_training()
+        kept = state.last_checkpoint or "none (no checkpoint was written yet)"
+        raise NonFiniteLossError(f"{error}; training stopped. Last good checkpoint: {kept}. Lower --learning_rate, "
+                                 "use --mixed_precision bf16 instead of fp16, or resume from it with "
+                                 "--resume_from_checkpoint latest") from None
+    results = final_evaluation(accelerator, args, model, data, objective, state)
+    finish(accelerator, args, model, data, state, results, time.perf_counter() - started)
+    return results
+
+
+def restore(accelerator, folder, layout: dict, state: RunState, args) -> None:
+    saved, memories = load_checkpoint(accelerator, folder, args.gradient_accumulation_steps, accelerator.device)
+    check_compatible(saved, layout, folder)
+    state.step, state.tokens_seen = saved["step"], saved["tokens_seen"]
+    state.memories, state.eval_history = memories, saved.get("eval_history", [])
+    state.last_checkpoint = str(folder)
+    logger.info("resumed from %s at step %d", folder, state.step)
+
+
+def train(accelerator, args, model, optimizer, scheduler, data, objective, state: RunState, layout, global_batch):
+    """The step loop: train step, log, evaluate every eval_steps, checkpoint every checkpointing_steps."""
+    main = accelerator.is_main_process
+    log = StepLog(args.output_dir, enabled=main, resume_step=state.step)
+    tokens_per_step = global_batch * args.tgt_len
+    progress = Progress(args.max_train_steps, state.step, tokens_per_step, enabled=main and not args.disable_tqdm)
+    model.train()
+    for step, batch in data.train_batches(state.step, args.max_train_steps, accelerator.device):
+        if batch.pop("new_epoch", False):
+            state.memories = [None] * len(state.memories)  # a new epoch restarts every stream: old memory is unrelated
+        loss = train_step(accelerator, model, optimizer, scheduler, batch, state.memories,
+                          objective=objective.step_fn, target_count=objective.target_count,
+                          max_grad_norm=args.max_grad_norm, step=step)
+        state.step, state.tokens_seen = step + 1, state.tokens_seen + tokens_per_step
+        tokens_per_second = progress.update(state.step, loss)
+        record = {"step": state.step, "loss": loss, "lr": scheduler.get_last_lr()[0], "tokens_per_second": tokens_per_second}
+        log.write(record)
+        if args.with_tracking and (state.step % args.logging_steps == 0 or state.step == 1):
+            accelerator.log({"train/loss": loss, "train/lr": record["lr"], "train/tokens_per_second": tokens_per_second},
+                            step=state.step)
+        if state.step % args.eval_steps == 0 and state.step < args.max_train_steps:
+            metrics = evaluate(accelerator, args, model, data, objective, args.max_eval_segments)
+            state.eval_history.append({"step": state.step, **metrics})
+            log.write({"step": state.step, **metrics})
+            progress.write(f"step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+            if args.with_tracking:
+                accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=state.step)
+        if args.checkpointing_steps and state.step % args.checkpointing_steps == 0:
+            folder = save_checkpoint(accelerator, args.output_dir, state.step, {
+                **layout, "tokens_seen": state.tokens_seen, "eval_history": state.eval_history,
+                "data_position": {"segments_consumed": state.step}}, state.memories, args.checkpoints_total_limit)
+            state.last_checkpoint = str(folder)
+    progress.close()
+
+
+def evaluate(accelerator, args, model, data, objective, max_segments):
+    """Validation metrics with the evaluation segment/memory lengths, summed over every process's rows."""
+    unwrapped = accelerator.unwrap_model(model)
+    return objective.evaluate(unwrapped, data, args, accelerator.device, max_segments,
+                              reduce=lambda t: accelerator.reduce(t, reduction="sum"))
+
+
+def final_evaluation(accelerator, args, model, data, objective, state: RunState) -> dict:
+    metrics = evaluate(accelerator, args, model, data, objective, None)
+    state.eval_history.append({"step": state.step, **metrics})
+    if accelerator.is_main_process:
+        StepLog(args.output_dir, enabled=True, resume_step=state.step).write({"step": state.step, **metrics})
+    if args.with_tracking:
+        accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=state.step)
+    return metrics
+
+
+def finish(accelerator, args, model, data, state, results, wall_time_s: float) -> None:
+    """Final folder on the main process: model + remote code, tokenizer, results, loss plot, model card; then push."""
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    if not accelerator.is_main_process:
+        return
+    out = args.output_dir
+    unwrapped = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    unwrapped.save_pretrained(out, state_dict=accelerator.get_state_dict(model))
+    data.tokenizer.save_pretrained(out)
+    write_results(out, results, state.eval_history)
+    plot_losses(f"{out}/{LOG_FILE}", f"{out}/{PLOT_FILE}")
+    repo_id = args.hub_model_id or out.rstrip("/").split("/")[-1]
+    info = {**data.info, "num_parameters": sum(p.numel() for p in unwrapped.parameters()),
+            "num_processes": accelerator.num_processes}
+    hardware = f"{accelerator.num_processes} x {accelerator.device.type} ({platform.processor() or platform.machine()})"
+    card = model_card(out, repo_id=repo_id, args=args, results=results, data_info=info, wall_time_s=wall_time_s,
+                      hardware=hardware)
+    card.save(f"{out}/README.md")
+    if args.push_to_hub:
+        url = push_folder(out, repo_id, token=args.hub_token, private=args.hub_private_repo)
+        logger.info("pushed %s to %s", out, url)
+
+
+def _flat_hparams(args) -> dict:
+    """Tracker-friendly hyperparameters (TensorBoard accepts only scalars and strings)."""
+    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in args.to_dict().items()
+            if v is not None and k != "hub_token"}

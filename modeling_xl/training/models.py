@@ -1,0 +1,79 @@
+"""Model building for pretraining: config from a preset / config file / checkpoint, vocabulary check, optimizer."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import get_scheduler
+
+from ..configuration_transformer_xl import TransformerXLConfig
+
+logger = logging.getLogger(__name__)
+
+
+def build_config(args, vocab_size: int) -> TransformerXLConfig:
+    """The architecture: a preset resized to the tokenizer, or a given config/checkpoint (whose vocabulary must match).
+
+    The training recurrence (`mem_len`, `clamp_len`, `same_length`) and dropout come from the arguments.
+    """
+    overrides = {"mem_len": args.mem_len, "clamp_len": args.clamp_len, "same_length": args.same_length}
+    overrides.update({k: getattr(args, k) for k in ("dropout", "dropatt") if getattr(args, k) is not None})
+    source = args.model_name_or_path or args.config_name
+    if source is not None:
+        try:
+            config = TransformerXLConfig.from_pretrained(source)
+        except OSError as error:
+            name = "model_name_or_path" if args.model_name_or_path else "config_name"
+            raise ValueError(f"{name}={source!r} could not be loaded ({error}); expected a folder with config.json "
+                             "written by save_pretrained") from None
+        if config.vocab_size != vocab_size:
+            raise ValueError(
+                f"the tokenizer has {vocab_size} tokens but the model's vocab_size={config.vocab_size} ({source}); "
+                "expected the same vocabulary: pass the tokenizer the model was trained with (--tokenizer_name)"
+            )
+        for key, value in overrides.items():
+            setattr(config, key, value)
+        config.validate_architecture()
+        return config
+    preset = TransformerXLConfig.from_preset(args.preset)
+    cutoffs = [c for c in preset.cutoffs if c < vocab_size]
+    if cutoffs != preset.cutoffs:
+        logger.info("preset %s: cutoffs %s -> %s for a vocabulary of %d", args.preset, preset.cutoffs, cutoffs, vocab_size)
+    tie_projs = preset.tie_projs[: len(cutoffs) + 1]
+    return TransformerXLConfig.from_preset(args.preset, vocab_size=vocab_size, cutoffs=cutoffs, tie_projs=tie_projs,
+                                           adaptive=preset.adaptive and bool(cutoffs), **overrides)
+
+
+def build_model(args, config: TransformerXLConfig, model_class=None):
+    """A fresh model of `model_class` (default: TransformerXLForCausalLM), or the weights of model_name_or_path."""
+    if model_class is None:
+        from ..modeling_transformer_xl import TransformerXLForCausalLM as model_class
+    if args.model_name_or_path is not None:
+        model = model_class.from_pretrained(args.model_name_or_path, config=config)
+    else:
+        model = model_class(config)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def build_optimizer(args, model) -> torch.optim.Optimizer:
+    """Adam or AdamW; with weight decay, biases, LayerNorm weights and the relative-position biases are not decayed."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        exempt = param.dim() < 2 or "layer_norm" in name or name.endswith(("r_w_bias", "r_r_bias", "r_s_bias"))
+        (no_decay if exempt else decay).append(param)
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    kwargs = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    if args.optimizer == "adam":
+        return torch.optim.Adam([{"params": decay + no_decay}], **kwargs)
+    return torch.optim.AdamW(groups, **kwargs)
+
+
+def build_scheduler(args, optimizer):
+    """transformers.get_scheduler: linear warmup, then cosine/linear decay over max_train_steps (paper: cosine)."""
+    return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.num_warmup_steps,
+                         num_training_steps=args.max_train_steps)

@@ -1,0 +1,44 @@
+"""Training objectives: what a step computes and how the validation split is scored.
+
+- `clm`: Transformer-XL causal LM over ordered streams (`TransformerXLForCausalLM`, `next_token_labels`).
+- `plm`: XLNet-style permutation LM (`TransformerXLForPermutationLM`, samples from `modeling_xl.data.plm_sampling`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .evaluation import evaluate_causal_lm
+from .steps import clm_objective
+
+
+@dataclass
+class Objective:
+    name: str
+    model_class: type
+    step_fn: Callable  # (model, batch rows, mems) -> (summed NLL, target count, new mems)
+    target_count: Callable  # batch -> number of targets in it
+    evaluate: Callable  # (model, data, args, device, max_segments, reduce) -> metrics dict
+
+
+def _clm_targets(batch) -> int:
+    return int((batch["next_token_labels"] != -100).sum())
+
+
+def _clm_evaluate(model, data, args, device, max_segments, reduce) -> dict:
+    return evaluate_causal_lm(
+        model, data.validation_batches(device), eval_mem_len=args.eval_mem_len, eval_clamp_len=args.eval_clamp_len,
+        eval_same_length=args.eval_same_length, device=device, reduce=reduce, max_segments=max_segments,
+        chars_per_token=1.0 if data.info.get("char_level") else None,
+    )
+
+
+def objective_for(args, data) -> Objective:
+    if args.objective == "clm":
+        from ..modeling_transformer_xl import TransformerXLForCausalLM
+
+        return Objective("clm", TransformerXLForCausalLM, clm_objective, _clm_targets, _clm_evaluate)
+    from .plm import plm_objective
+
+    return plm_objective(args, data)

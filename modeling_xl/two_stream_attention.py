@@ -1,0 +1,159 @@
+"""Two-stream relative attention of XLNet (Yang et al. 2019, Sec. 2.3 and 2.5) on the Transformer-XL attention core.
+
+Notation (batch-first everywhere):
+    B batch, H heads, D d_head, d d_model, T segment length, M memory length, K = M + T key length,
+    P predictions (query-stream rows), R rows of the position table, S position tables (1, or 2 with bi_data).
+
+Both streams read their keys and values from the content stream `[mem; h]`:
+    content stream  h_i <- Attn(query h_i, keys/values [mem; h] that i may see, itself included)
+    query stream    g_m <- Attn(query g_m, keys/values [mem; h] that target z_m may see, never z_m itself)
+`g_m` stands at its target's position z_m: it uses z_m's relative distances, segment and mask row, but never z_m's
+content (g starts from a learned `mask_emb`). Score of a query at position i and key j (u, v, s = r_w_bias,
+r_r_bias, r_s_bias):
+    A_ij = (q_i + u) . k_j  +  (q_i + v) . W_R R_{i-j}  +  (q_i + s) . e[seg_i != seg_j]
+The last term is XLNet's relative segment encoding: only *whether* two tokens share a segment matters, and memory
+counts as segment 0. `TwoStreamAttention.attend_stream` computes one stream; `forward` calls it for both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .relative_attention import RelativeMultiHeadAttention, attend, rel_shift
+
+
+def relative_scores_at(scores: torch.Tensor, query_pos: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
+    """`rel_shift` for queries standing at arbitrary positions: `out[b, h, m, j] = scores[b, h, m, j + shift - p_m]`.
+
+    `scores[b, h, m, c]` is query m against position-table row c; `query_pos[b, m] = p_m` is where query m stands in
+    the segment. With `query_pos = arange(T)` this equals `rel_shift(scores, klen, shift)`; the query stream passes
+    its targets' positions. Indices outside the table (only for masked keys of the causal table) are clamped.
+
+    Worked example (T=2, M=1, K=3, bidirectional table of distances [3, 2, 1, 0, -1], shift = T = 2; one query
+    standing at p=1, i.e. at absolute position M + p = 2): key j is at distance 2 - j, table row 3 - (2 - j) = 1 + j:
+        scores = [[s3 s2 s1 s0 s-1]]  ->  out = [[s2 s1 s0]]   (distances 2, 1, 0 for keys 0, 1, 2)
+    """
+    rlen = scores.size(-1)
+    index = (shift - query_pos)[:, :, None] + torch.arange(klen, device=scores.device)  # [B, P, K]
+    index = index.clamp(0, rlen - 1)[:, None].expand(-1, scores.size(1), -1, -1)  # [B, H, P, K]
+    return scores.gather(-1, index)
+
+
+def segment_mismatch(token_type_ids: torch.Tensor, mlen: int) -> torch.Tensor:
+    """Bool [B, T, M + T]: True where query i and key j lie in different segments; memory keys are segment 0.
+
+    Example (M=1, token_type_ids [[0, 1]]): keys [0 (memory), 0, 1] -> [[F, F, T], [T, T, F]].
+    """
+    keys = F.pad(token_type_ids, (mlen, 0), value=0)  # [B, K]
+    return token_type_ids[:, :, None] != keys[:, None, :]
+
+
+def segment_scores(q: torch.Tensor, r_s_bias: torch.Tensor, seg_embed: torch.Tensor, mismatch: torch.Tensor):
+    """(q + s) . e[mismatch] for every pair: q [B, H, T, D], seg_embed [2, H, D] (0: same, 1: different segment),
+    mismatch bool [B, T, K] -> [B, H, T, K]. Two dot products per query, then a select: O(T * D + T * K)."""
+    both = torch.matmul(q + r_s_bias[:, None], seg_embed.permute(1, 2, 0))  # [B, H, T, 2]
+    return torch.where(mismatch[:, None], both[..., 1:], both[..., :1])
+
+
+def permutation_masks(perm_mask, attention_mask, mlen: int, causal: bool, batch: int, qlen: int, device):
+    """(content mask, query mask), bool [B, T, M + T], True = hidden; (None, None) when nothing is hidden.
+
+    Query i may not see key j when `perm_mask[b, i, j] = 1` (XLNet's convention), when j is padding
+    (`attention_mask[b, j] = 0`) or, for `causal` (attn_type "uni"), when j lies after i. Memory is always visible.
+    The content stream additionally always sees itself (the diagonal); the query stream never relies on it.
+    Example (T=2, M=0, perm_mask [[0, 1], [1, 0]]): query [[F, T], [T, F]]; content [[F, T], [T, F]]
+    (perm_mask [[1, 0], [1, 1]]: query [[T, F], [T, T]]; content [[F, F], [T, F]]).
+    """
+    if perm_mask is None and attention_mask is None and not causal:
+        return None, None
+    hidden = torch.zeros(batch, qlen, qlen, dtype=torch.bool, device=device)
+    if perm_mask is not None:
+        hidden = hidden | (perm_mask > 0)
+    if attention_mask is not None:
+        hidden = hidden | (attention_mask == 0)[:, None, :]
+    if causal:
+        hidden = hidden | torch.ones(qlen, qlen, dtype=torch.bool, device=device).triu(1)
+    query = F.pad(hidden, (mlen, 0), value=False)  # [B, T, K]
+    itself = F.pad(torch.eye(qlen, dtype=torch.bool, device=device), (mlen, 0), value=False)
+    return query & ~itself, query
+
+
+@dataclass
+class Stream:
+    """What distinguishes the two streams inside one attention call (rows = the stream's queries).
+
+    mask: bool [B, 1, Tq, K] or None (True = hidden); mismatch: bool [B, Tq, K] segment mismatch or None (no segment
+    term); positions: long [B, Tq] where each query stands (None: row i stands at position i, the content stream);
+    present: [B, Tq] 1 for real rows, 0 for padded prediction rows (they get no attention output, as in XLNet).
+    """
+
+    mask: torch.Tensor | None = None
+    mismatch: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    present: torch.Tensor | None = None
+
+    def rows(self, mask: torch.Tensor | None, positions: torch.Tensor, present: torch.Tensor) -> "Stream":
+        """The query stream: rows `positions` [B, P] of `mask` [B, T, K] and of this stream's segment mismatch."""
+
+        def take(x):
+            return None if x is None else x.gather(1, positions[:, :, None].expand(-1, -1, x.size(-1)))
+
+        return Stream(None if mask is None else take(mask)[:, None], take(self.mismatch), positions, present)
+
+
+class TwoStreamAttention(RelativeMultiHeadAttention):
+    """Relative attention (weights of `RelativeMultiHeadAttention`) plus XLNet's segment bias `r_s_bias` and
+    `seg_embed`, shared by both streams."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.seg_embed = nn.Parameter(torch.zeros(2, config.n_head, config.d_head))
+        if config.untie_r:
+            self.r_s_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
+
+    def position_keys(self, pos_emb: torch.Tensor) -> torch.Tensor:
+        """W_R R for each table: pos_emb [S, R, d] -> [S, H, R, D]."""
+        r = self.r_net(pos_emb)  # [S, R, H*D]
+        return r.view(r.size(0), r.size(1), self.n_head, self.d_head).transpose(1, 2)
+
+    def attend_stream(self, x, q, k, v, r, biases, shift: int, stream: Stream, output_attentions: bool = False):
+        """One stream: x [B, Tq, d] its residual input, q [B, H, Tq, D] its queries, k/v [B, H, K, D] from
+        [mem; h], r [S, H, R, D] (rows [B/2, B) use the second table when S = 2). Returns ([B, Tq, d], probs)."""
+        r_w_bias, r_r_bias, r_s_bias = biases
+        batch, n_head, qlen, _ = q.shape
+        klen, tables = k.size(2), r.size(0)
+        q_by_table = (q + r_r_bias[:, None]).view(tables, batch // tables, n_head, qlen, -1)
+        bd = torch.matmul(q_by_table, r[:, None].transpose(-1, -2)).flatten(0, 1)  # [B, H, Tq, R]
+        if stream.positions is None:
+            bd = rel_shift(bd, klen, shift)
+        else:
+            bd = relative_scores_at(bd, stream.positions, klen, shift)
+        if stream.mismatch is not None:
+            bd = bd + segment_scores(q, r_s_bias, self.seg_embed, stream.mismatch)
+        dropout_p = self.dropatt if self.training else 0.0
+        attn_vec, probs = attend(q + r_w_bias[:, None], k, v, bd, stream.mask, dropout_p, self.use_sdpa,
+                                 output_attentions)
+        if stream.present is not None:
+            attn_vec = attn_vec * stream.present[:, None, :, None].to(attn_vec.dtype)
+        return self.merge(x, attn_vec), probs
+
+    def forward(self, h, g, pos_emb, content: Stream, query: Stream | None, mem=None, shared_biases=None,
+                output_attentions: bool = False):
+        """h [B, T, d] content stream, g [B, P, d] query stream or None, pos_emb [S, R, d].
+        Returns (h', g' or None, (content probs, query probs or None))."""
+        biases = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias, self.r_s_bias)
+        q_h, k, v = self.project(h, mem)
+        r = self.position_keys(pos_emb)
+        # Both XLNet tables start at distance K, so query i (absolute M + i) meets key j on row T - i + j: shift T.
+        shift = h.size(1)
+        h_out, h_probs = self.attend_stream(h, q_h, k, v, r, biases, shift, content, output_attentions)
+        if g is None:
+            return h_out, None, (h_probs, None)
+        g_in = self.layer_norm(g) if self.pre_lnorm else g
+        q_g = self.split_heads(F.linear(g_in, self.qkv_net.weight[: self.n_head * self.d_head]))  # [B, H, P, D]
+        g_out, g_probs = self.attend_stream(g, q_g, k, v, r, biases, shift, query, output_attentions)
+        return h_out, g_out, (h_probs, g_probs)

@@ -1,0 +1,99 @@
+"""Legacy transformers-4.35 Transformer-XL checkpoints load into ours with the same log-probs, NLL and memories.
+
+The fixtures (tests/fixtures/legacy_transfo_xl, made by make_fixtures.py in a transformers==4.35.0 venv) hold tiny
+random-weight legacy checkpoints and the legacy outputs over three segments with memory carried.
+"""
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from modeling_xl import TransformerXLForCausalLM, TransformerXLModel
+from modeling_xl.legacy_conversion import convert_key, read_legacy_weights
+
+FIXTURES = Path(__file__).parent / "fixtures" / "legacy_transfo_xl"
+CASES = ["case_a", "case_b", "case_c"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def legacy_mems(expected, prefix, n_layer):
+    """Legacy time-first memories [M, B, d] -> ours [B, M, d]; an empty legacy memory means no memory."""
+    mems = tuple(expected[f"{prefix}_{layer}"].transpose(0, 1) for layer in range(n_layer))
+    return None if mems[0].size(1) == 0 else mems
+
+
+def assert_matches_legacy(model, case):
+    meta = json.loads((FIXTURES / case / "expected.json").read_text())
+    expected = load_file(FIXTURES / case / "expected.safetensors")
+    mems = legacy_mems(expected, "init_mems", meta["n_layer"])
+    for s in range(meta["n_segments"]):
+        ids = expected[f"input_ids_{s}"]
+        out = model(ids, mems=mems)
+        torch.testing.assert_close(out.logits, expected[f"log_probs_{s}"], atol=1e-5, rtol=0)
+        nll = model(ids, mems=mems, labels=ids).losses
+        torch.testing.assert_close(nll, expected[f"nll_{s}"], atol=1e-5, rtol=0)
+        want = legacy_mems(expected, f"new_mems_{s}", meta["n_layer"])
+        assert len(out.mems) == len(want)
+        for got, ref in zip(out.mems, want):
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+        mems = out.mems
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_legacy_checkpoint_matches_reference_outputs(case):
+    model = TransformerXLForCausalLM.from_pretrained(FIXTURES / case)
+    assert_matches_legacy(model, case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_converted_checkpoint_round_trips_in_our_format(case, tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "convert_transfo_xl.py"), str(FIXTURES / case),
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "out" / "model.safetensors").exists()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "transformer-xl"
+    assert_matches_legacy(TransformerXLForCausalLM.from_pretrained(tmp_path / "out"), case)
+
+
+def test_backbone_loads_from_legacy_checkpoint():
+    expected = load_file(FIXTURES / "case_a" / "expected.safetensors")
+    meta = json.loads((FIXTURES / "case_a" / "expected.json").read_text())
+    backbone = TransformerXLModel.from_pretrained(FIXTURES / "case_a")
+    out = backbone(expected["input_ids_0"], mems=legacy_mems(expected, "init_mems", meta["n_layer"]))
+    torch.testing.assert_close(out.last_hidden_state, expected["last_hidden_0"], atol=1e-5, rtol=0)
+
+
+def test_every_legacy_key_has_a_name_and_unknown_keys_raise():
+    for case in CASES:
+        meta = json.loads((FIXTURES / case / "expected.json").read_text())
+        for key in meta["legacy_state_dict"]:
+            convert_key(key)  # raises on an unknown key
+    with pytest.raises(ValueError, match="not a known Transformer-XL weight"):
+        convert_key("transformer.layers.0.dec_attn.surprise")
+
+
+def test_mismatched_shapes_and_pickles_are_refused(tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(FIXTURES / "case_a", broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["d_inner"] += 1
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"has shape .* expected"):
+        TransformerXLForCausalLM.from_pretrained(broken)
+
+    torch.save({"transformer.r_w_bias": argparse.Namespace(payload="arbitrary object")}, tmp_path / "evil.bin")
+    with pytest.raises(ValueError, match="weights_only=True"):
+        read_legacy_weights(str(tmp_path / "evil.bin"))
+
+
+def test_convert_script_rejects_a_folder_that_is_not_legacy(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "convert_transfo_xl.py"), str(tmp_path),
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "transfo-xl" in proc.stderr

@@ -1,0 +1,154 @@
+"""In-process tests of a training step and of the run's guards: accumulation, NaN stop, bad input, push_to_hub."""
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from accelerate import Accelerator
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+from modeling_xl.training import NonFiniteLossError, data_from_tokens, parse_args, run_pretraining, train_step
+from modeling_xl.training import objectives
+from modeling_xl.training.steps import clm_objective
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+
+
+def char_tokenizer(text):
+    vocab = {"<unk>": 0, **{c: i + 1 for i, c in enumerate(sorted(set(text)))}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tokenizer.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>")
+
+
+def builder(args, rank, world, per_process):
+    text = CORPUS.read_text()[:20_000]
+    tokenizer = char_tokenizer(text)
+    ids = tokenizer(text)["input_ids"]
+    return data_from_tokens(tokenizer, ids[:18_000], ids[18_000:], num_streams=per_process * world,
+                            tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
+                            process_index=rank, info={"char_level": True, "dataset_name": "tinyshakespeare"})
+
+
+def debug_args(out, *extra):
+    return parse_args(["--preset", "debug", "--output_dir", str(out), "--max_train_steps", "12", "--eval_steps", "6",
+                       "--max_eval_segments", "5", "--disable_tqdm", *extra])
+
+
+# ---------------------------------------------------------------- accumulation over stream chunks
+
+def test_accumulation_over_stream_chunks_equals_the_full_batch():
+    accelerator = Accelerator(cpu=True)
+    config = TransformerXLConfig.from_preset("debug", vocab_size=60, cutoffs=[20, 40], tie_projs=[False, True, True])
+    model = TransformerXLForCausalLM(config)
+    tokens = torch.randint(0, 60, (4, 3 * 8 + 1))
+    batches = [{"input_ids": tokens[:, 8 * t: 8 * t + 8], "next_token_labels": tokens[:, 8 * t + 1: 8 * t + 9].clone()}
+               for t in range(3)]
+    batches[2]["next_token_labels"][1, 3] = -100  # an ignored target: weights must use the true target count
+    results = []
+    for chunks in (1, 2, 4):
+        trained = copy.deepcopy(model)
+        optimizer = torch.optim.SGD(trained.parameters(), lr=0.5)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        memories = [None] * chunks
+        losses = [train_step(accelerator, trained, optimizer, scheduler, dict(batch), memories,
+                             objective=clm_objective, target_count=objectives._clm_targets, max_grad_norm=0.0,
+                             step=t) for t, batch in enumerate(batches)]
+        assert all(m is not None and m[0].shape == (4 // chunks, 8, 16) for m in memories)
+        results.append((losses, [p.detach().clone() for p in trained.parameters()]))
+    (full_losses, full_params), *others = results
+    for losses, params in others:
+        assert losses == pytest.approx(full_losses, rel=1e-5)
+        for a, b in zip(params, full_params):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(full_params, model.parameters()))  # it did train
+
+
+# ---------------------------------------------------------------- NaN guard
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    calls = {"n": 0}
+
+    def poisoned(model, batch, mems):
+        calls["n"] += 1
+        nll, count, mems = clm_objective(model, batch, mems)
+        return (nll * float("nan") if calls["n"] >= 8 else nll), count, mems
+
+    with mock.patch.object(objectives, "clm_objective", poisoned):
+        with pytest.raises(NonFiniteLossError, match=r"(?s)loss is nan at step 8.*Last good checkpoint: .*step_0000005"):
+            run_pretraining(debug_args(tmp_path, "--checkpointing_steps", "5"), builder)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_0000005"]
+    assert not (tmp_path / "model.safetensors").exists()  # no final model from a diverged run
+    steps = [json.loads(line)["step"] for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert max(steps) == 7
+
+
+# ---------------------------------------------------------------- bad input, before any training
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("pretrain_script", REPO / "scripts" / "pretrain.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--train_file", "/nonexistent/corpus.txt"], "train_file='/nonexistent/corpus.txt' does not exist"),
+    (["--preset", "debug", "--gradient_accumulation_steps", "3"], "gradient_accumulation_steps=3 does not divide"),
+    (["--preset", "debug", "--resume_from_checkpoint", "latest"], "found no checkpoint"),
+])
+def test_script_reports_bad_input_before_training(tmp_path, capsys, argv, message):
+    script = load_script()
+    with mock.patch.object(script, "run_pretraining", side_effect=lambda args: run_pretraining(args, builder)):
+        assert script.main([*argv, "--output_dir", str(tmp_path / "out"), "--disable_tqdm"]) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out" / "train_log.jsonl").exists()
+
+
+def test_unwritable_output_dir_stops_the_script(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert load_script().main(["--preset", "debug", "--output_dir", str(tmp_path / "file" / "out")]) == 1
+    assert "is not writable" in capsys.readouterr().err
+
+
+def test_tokenizer_model_vocabulary_mismatch(tmp_path):
+    model_dir = tmp_path / "model"
+    TransformerXLConfig.from_preset("debug").save_pretrained(model_dir)  # vocab_size 97; the char tokenizer has 62
+    with pytest.raises(ValueError, match=r"the tokenizer has \d+ tokens but the model's vocab_size=97"):
+        run_pretraining(debug_args(tmp_path / "out", "--config_name", str(model_dir)), builder)
+    assert not (tmp_path / "out" / "train_log.jsonl").exists()
+
+
+# ---------------------------------------------------------------- a whole run with --push_to_hub, offline
+
+def test_run_with_push_to_hub_uploads_the_final_folder(tmp_path):
+    import huggingface_hub.hf_api as hf_api
+
+    uploaded = []
+
+    def fake_commit(self, repo_id, operations, **kwargs):
+        uploaded.extend(sorted(op.path_in_repo for op in operations))
+        return hf_api.CommitInfo(commit_url=f"https://huggingface.co/{repo_id}/commit/1", commit_message="m",
+                                 commit_description="", oid="1")
+
+    out = tmp_path / "tiny-xl"
+    with mock.patch.object(hf_api.HfApi, "create_repo", return_value=None), \
+            mock.patch.object(hf_api.HfApi, "create_commit", fake_commit), \
+            mock.patch.object(hf_api.HfApi, "_validate_yaml", return_value=None), \
+            mock.patch.object(hf_api, "is_xet_available", return_value=False):
+        results = run_pretraining(debug_args(out, "--checkpointing_steps", "6", "--push_to_hub", "--hub_model_id",
+                                             "someone/tiny-xl", "--hub_token", "hf_fake"), builder)
+    local = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert uploaded == [f for f in local if not f.startswith("checkpoints/")]
+    assert {"model.safetensors", "config.json", "modeling_transformer_xl.py", "tokenizer.json", "README.md",
+            "training_config.yaml", "loss_curve.png", "eval_results.json", "train_log.jsonl"} <= set(uploaded)
+    card = (out / "README.md").read_text()
+    assert f"value: {round(results['bpc'], 4)}" in card and "name: tiny-xl" in card

@@ -1,0 +1,208 @@
+"""Unit tests of the training library: arguments, streams, accumulation maths, evaluation maths, checkpoints, Hub."""
+
+import math
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from modeling_xl.training import arguments as arguments_module
+from modeling_xl.training.accumulation import chunk_loss_weight, chunk_slices
+from modeling_xl.training.arguments import parse_args, processes_split
+from modeling_xl.training.checkpointing import list_checkpoints, resolve_checkpoint, save_checkpoint
+from modeling_xl.training.evaluation import bits_per_character, perplexity, recurrence_settings
+from modeling_xl.training.publishing import HubUploadError, push_folder, upload_file_list
+from modeling_xl.training.streams import RankStreams, stream_rows
+
+
+# ---------------------------------------------------------------- arguments
+
+def test_preset_recipe_then_yaml_then_command_line(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("learning_rate: 0.01\ntgt_len: 12\nmax_train_steps: 7\n")
+    args = parse_args(["--preset", "debug", "--config", str(config), "--tgt_len", "6", "--output_dir", str(tmp_path)])
+    assert args.tgt_len == 6  # command line beats YAML
+    assert args.learning_rate == 0.01 and args.max_train_steps == 7  # YAML beats the recipe
+    assert args.train_batch_size == 4 and args.eval_mem_len == 16  # recipe of the debug preset
+    assert args.max_grad_norm == 0.25 and args.dataset_name == "builtin"
+
+
+def test_yaml_with_unknown_key_is_rejected(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("learning_rat: 0.01\n")
+    with pytest.raises(ValueError, match=r"unknown keys \['learning_rat'\]"):
+        parse_args(["--config", str(config)])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--objective", "mlm"], r"objective='mlm' is invalid; expected one of \['clm', 'plm'\]"),
+    (["--train_file", "/nonexistent/train.txt"], r"train_file='/nonexistent/train.txt' does not exist"),
+    (["--lr_scheduler_type", "step"], r"lr_scheduler_type='step' is invalid"),
+    (["--tgt_len", "0"], r"tgt_len=0 is invalid; expected a positive integer"),
+    (["--train_batch_size", "4", "--per_device_train_batch_size", "2"], r"are both set; expected one"),
+])
+def test_bad_arguments_are_named(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse_args(argv)
+
+
+def test_streams_must_split_over_processes_and_chunks():
+    args = parse_args(["--preset", "debug", "--train_batch_size", "6", "--gradient_accumulation_steps", "2"])
+    assert processes_split(args, 1) == (6, 6)
+    with pytest.raises(ValueError, match=r"train_batch_size=6 streams cannot be shared by 4 processes"):
+        processes_split(args, 4)
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps=2 does not divide the 3 streams"):
+        processes_split(args, 2)
+    per_device = parse_args(["--preset", "debug", "--per_device_train_batch_size", "3"])
+    assert processes_split(per_device, 2) == (6, 3)
+
+
+def test_unwritable_output_dir_is_reported(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ValueError, match=r"output_dir=.* is not writable"):
+        arguments_module.check_output_dir(str(blocker / "out"))
+
+
+# ---------------------------------------------------------------- streams
+
+def test_stream_rows_docstring_example():
+    inputs, targets = stream_rows(torch.arange(11), rows=2)
+    assert inputs.tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert targets.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+
+
+def test_rank_rows_continue_and_cover_the_single_process_batch():
+    tokens = torch.randint(0, 50, (1000,))
+    whole = RankStreams(tokens, num_streams=4, tgt_len=5)
+    ranks = [RankStreams(tokens, num_streams=4, tgt_len=5, num_processes=2, process_index=r) for r in range(2)]
+    for step in range(6):
+        joined = torch.cat([r.batch(step)["input_ids"] for r in ranks])
+        assert torch.equal(joined, whole.batch(step)["input_ids"])
+        now, after = ranks[1].batch(step), ranks[1].batch(step + 1)
+        # row b of step t+1 starts with the target of row b's last position at step t
+        assert torch.equal(after["input_ids"][:, 0], now["next_token_labels"][:, -1])
+    # naive reference: row b of the stream is tokens[b*n:(b+1)*n]
+    n = 999 // 4
+    assert torch.equal(whole.batch(3)["input_ids"][2], tokens[2 * n + 15: 2 * n + 20])
+
+
+def test_evaluation_streams_score_every_token_once():
+    tokens = torch.arange(1, 24)  # 23 tokens, 22 targets
+    streams = RankStreams(tokens, num_streams=3, tgt_len=4, pad=True)
+    targets = torch.cat([b["next_token_labels"].reshape(-1) for b in streams])
+    kept = targets[targets != -100]
+    assert sorted(kept.tolist()) == list(range(2, 24))
+
+
+# ---------------------------------------------------------------- accumulation and evaluation maths
+
+def test_chunk_slices_and_weights():
+    assert chunk_slices(8, 2) == [slice(0, 4), slice(4, 8)]
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps=3 does not divide the 8 rows"):
+        chunk_slices(8, 3)
+    assert chunk_loss_weight(64, 2) == pytest.approx(1 / 32)
+    # sum over chunks and processes of weight x chunk sums, averaged over processes = global mean
+    sums = torch.rand(2, 3)  # [process, chunk] NLL sums over 64 tokens in all
+    averaged = (sums * chunk_loss_weight(64, 2)).sum(dim=1).mean()
+    assert averaged.item() == pytest.approx(sums.sum().item() / 64)
+
+
+def test_perplexity_is_exp_of_total_nll_over_tokens():
+    assert perplexity(40.0, 20) == pytest.approx(math.e ** 2)
+    assert bits_per_character(100 * math.log(2), 100) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="total_tokens=0"):
+        perplexity(1.0, 0)
+
+
+def test_recurrence_settings_are_restored_even_on_error():
+    from modeling_xl import TransformerXLConfig
+
+    config = TransformerXLConfig.from_preset("debug", mem_len=8, clamp_len=-1, same_length=False)
+    with pytest.raises(RuntimeError):
+        with recurrence_settings(config, 32, 20, True):
+            assert (config.mem_len, config.clamp_len, config.same_length) == (32, 20, True)
+            raise RuntimeError("boom")
+    assert (config.mem_len, config.clamp_len, config.same_length) == (8, -1, False)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+class _FakeAccelerator:
+    """The parts of Accelerator that save_checkpoint uses, on one process."""
+
+    is_main_process, process_index = True, 0
+
+    def __init__(self, fail=False):
+        self.fail = fail
+
+    def wait_for_everyone(self):
+        pass
+
+    def save_state(self, folder, safe_serialization=True):
+        Path(folder, "model.safetensors").write_text("weights")
+        if self.fail:
+            raise OSError("disk full")
+
+
+def test_interrupted_save_leaves_previous_checkpoint_usable(tmp_path):
+    memories = [tuple(torch.randn(2, 3, 4) for _ in range(2)), None]
+    save_checkpoint(_FakeAccelerator(), tmp_path, 5, {"tokens_seen": 1}, memories, keep=2)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(_FakeAccelerator(fail=True), tmp_path, 10, {"tokens_seen": 2}, memories, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000005"]
+    assert resolve_checkpoint(tmp_path, "latest").name == "step_0000005"
+    for step in (10, 15, 20):
+        save_checkpoint(_FakeAccelerator(), tmp_path, step, {"tokens_seen": step}, memories, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_0000015", "step_0000020"]
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint='latest' found no checkpoint"):
+        resolve_checkpoint(tmp_path, "latest")
+    with pytest.raises(ValueError, match=r"is not a checkpoint folder"):
+        resolve_checkpoint(tmp_path, str(tmp_path))
+
+
+# ---------------------------------------------------------------- Hub upload, offline
+
+def _final_folder(root: Path) -> Path:
+    for name in ("config.json", "model.safetensors", "README.md", "runs/events.out", "checkpoints/step_0000001/x"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name)
+    return root
+
+
+def test_push_to_hub_uploads_exactly_the_final_folder(tmp_path):
+    import huggingface_hub.hf_api as hf_api
+
+    folder = _final_folder(tmp_path / "out")
+    commits = []
+
+    def fake_commit(self, repo_id, operations, **kwargs):
+        commits.append((repo_id, sorted(op.path_in_repo for op in operations)))
+        return hf_api.CommitInfo(commit_url=f"https://huggingface.co/{repo_id}/commit/abc", commit_message="m",
+                                 commit_description="", oid="abc")
+
+    # the network boundary: create_repo, create_commit and the README metadata check (a POST to /api/validate-yaml)
+    with mock.patch.object(hf_api.HfApi, "create_repo", return_value=None) as create_repo, \
+            mock.patch.object(hf_api.HfApi, "create_commit", fake_commit), \
+            mock.patch.object(hf_api.HfApi, "_validate_yaml", return_value=None), \
+            mock.patch.object(hf_api, "is_xet_available", return_value=False):
+        url = push_folder(folder, "someone/tiny-xl", token="hf_fake")
+    create_repo.assert_called_once()
+    assert commits == [("someone/tiny-xl", ["README.md", "config.json", "model.safetensors", "runs/events.out"])]
+    assert upload_file_list(folder) == commits[0][1]
+    assert url.endswith("/commit/abc")
+
+
+def test_failed_push_keeps_the_folder_and_says_how_to_retry(tmp_path):
+    import huggingface_hub.hf_api as hf_api
+
+    folder = _final_folder(tmp_path / "out")
+    before = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+    with mock.patch.object(hf_api.HfApi, "create_repo", side_effect=ConnectionError("no network")):
+        with pytest.raises(HubUploadError, match=r"(?s)no network.*intact.*hf upload someone/tiny-xl"):
+            push_folder(folder, "someone/tiny-xl", token="hf_fake")
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == before
