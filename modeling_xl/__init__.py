@@ -14,16 +14,24 @@ from .modeling_transformer_xl import (
     TransformerXLModelOutput,
     TransformerXLPreTrainedModel,
 )
+from .modeling_permutation_lm import (
+    TransformerXLForPermutationLM,
+    TransformerXLPermutationLMOutput,
+    TransformerXLPermutationModel,
+)
 
 AutoConfig.register(TransformerXLConfig.model_type, TransformerXLConfig, exist_ok=True)
 AutoModel.register(TransformerXLConfig, TransformerXLModel, exist_ok=True)
 AutoModelForCausalLM.register(TransformerXLConfig, TransformerXLForCausalLM, exist_ok=True)
+# XLNet-style pretraining head (transformers maps XLNetLMHeadModel to AutoModelForPreTraining too).
+AutoModelForPreTraining.register(TransformerXLConfig, TransformerXLForPermutationLM, exist_ok=True)
 AutoModelForSequenceClassification.register(TransformerXLConfig, TransformerXLForSequenceClassification, exist_ok=True)
 
 # `save_pretrained` then writes the code next to the weights and a complete `auto_map` (trust_remote_code loading).
 TransformerXLConfig.register_for_auto_class()
 TransformerXLModel.register_for_auto_class("AutoModel")
 TransformerXLForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+TransformerXLForPermutationLM.register_for_auto_class("AutoModelForPreTraining")
 TransformerXLForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
 
 __all__ = [
@@ -37,4 +45,7 @@ __all__ = [
     "TransformerXLPreTrainedModel",
     "TransformerXLModelOutput",
     "TransformerXLCausalLMOutput",
+    "TransformerXLPermutationModel",
+    "TransformerXLForPermutationLM",
+    "TransformerXLPermutationLMOutput",
 ]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
@@ -29,6 +30,7 @@ from .modeling_transformer_xl import (
     TransformerXLModelOutput,
     TransformerXLPreTrainedModel,
     check_inputs,
+    complete_auto_map,
     update_memory,
 )
 from .relative_attention import relative_positions, sinusoid_table
@@ -98,7 +100,24 @@ class PermutationLMLayer(GradientCheckpointingLayer):
         return self.ff(h), (None if g is None else self.ff(g)), probs
 
 
-class TransformerXLPermutationModel(TransformerXLPreTrainedModel):
+# The Auto classes a saved permutation-LM folder maps (the causal classes' files are copied too, as imports, but their
+# weights would not match, so they are not listed).
+AUTO_MAP = {
+    "AutoModel": "modeling_permutation_lm.TransformerXLPermutationModel",
+    "AutoModelForPreTraining": "modeling_permutation_lm.TransformerXLForPermutationLM",
+}
+
+
+class PermutationLMPreTrainedModel(TransformerXLPreTrainedModel):
+    """Saves a remote-code `auto_map` naming the permutation-LM classes only."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
+        if self._auto_class is not None and kwargs.get("is_main_process", True):
+            complete_auto_map(save_directory, AUTO_MAP)
+
+
+class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
     """The XLNet backbone: token embedding, `mask_emb`, n_layer two-stream layers with memory.
 
     Without `target_mapping` only the content stream runs and `last_hidden_state` is h [B, T, d] (fine-tuning,
@@ -203,7 +222,7 @@ class TransformerXLPermutationModel(TransformerXLPreTrainedModel):
         return out if return_dict else out.to_tuple()
 
 
-class TransformerXLForPermutationLM(TransformerXLPreTrainedModel):
+class TransformerXLForPermutationLM(PermutationLMPreTrainedModel):
     """Permutation-LM pretraining head: logits only at the predictions, from the query stream; output layer tied to
     the token embedding, with its own bias. Without `target_mapping` it scores every position from the content stream
     (as transformers' XLNetLMHeadModel does)."""

@@ -11,11 +11,14 @@ Config differences: XLNet always keeps per-layer biases (untie_r=True here); XLN
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 
 from .configuration_transformer_xl import TransformerXLConfig
+
+logger = logging.getLogger(__name__)
 
 
 def _same(w):
@@ -47,12 +50,11 @@ BACKBONE_KEY_MAP: dict[str, tuple[tuple[str, ...], callable]] = {
                     "layer_norm.bias")},
 }
 LM_HEAD_KEY_MAP = {"lm_head.bias": (("lm_loss.bias",), _same)}  # lm_head.weight is tied to the embedding
-# XLNetSequenceSummary (projection + tanh on the last token) and the logits layer, for the classification head.
+# XLNetSequenceSummary (projection + tanh) and the logits layer; `TransformerXLForSequenceClassification` keeps
+# transformers' names for them.
 CLASSIFICATION_HEAD_KEY_MAP = {
-    "pooler.dense.weight": (("sequence_summary.summary.weight",), _same),
-    "pooler.dense.bias": (("sequence_summary.summary.bias",), _same),
-    "classifier.weight": (("logits_proj.weight",), _same),
-    "classifier.bias": (("logits_proj.bias",), _same),
+    f"{module}.{p}": ((f"{module}.{p}",), _same)
+    for module in ("sequence_summary.summary", "logits_proj") for p in ("weight", "bias")
 }
 TIED_SOURCE_KEYS = {"lm_loss.weight"}  # XLNet's tied output matrix: the embedding already carries it
 
@@ -140,12 +142,12 @@ def convert_xlnet_state_dict(state_dict: dict, config: TransformerXLConfig) -> d
 
 
 def xlnet_classification_head_state_dict(state_dict: dict, config: TransformerXLConfig) -> dict[str, torch.Tensor]:
-    """The sequence-summary projection and logits layer of an `XLNetForSequenceClassification` state dict, as
-    `pooler.dense.{weight,bias}` [d, d], [d] and `classifier.{weight,bias}` [num_labels, d], [num_labels] (shape
-    checked); {} when the state dict has no classification head."""
+    """The sequence-summary projection and logits layer of an `XLNetForSequenceClassification` state dict:
+    `sequence_summary.summary.{weight,bias}` [d, d], [d] and `logits_proj.{weight,bias}` [num_labels, d],
+    [num_labels] (shape checked); {} when the state dict has no classification head."""
     d, n = config.d_model, config.num_labels
-    expected = {"pooler.dense.weight": (d, d), "pooler.dense.bias": (d,), "classifier.weight": (n, d),
-                "classifier.bias": (n,)}
+    expected = {"sequence_summary.summary.weight": (d, d), "sequence_summary.summary.bias": (d,),
+                "logits_proj.weight": (n, d), "logits_proj.bias": (n,)}
     return convert_with_map(state_dict, CLASSIFICATION_HEAD_KEY_MAP, config.n_layer, expected, required=False)
 
 
@@ -172,19 +174,25 @@ def load_xlnet(path_or_model) -> tuple[object, dict[str, torch.Tensor]]:
 
 
 def load_xlnet_into(model_class, path_or_model, **config_overrides):
-    """A `model_class` instance (any head over `TransformerXLPermutationModel`) with the XLNet weights; raises when
-    one of its parameters has no XLNet counterpart or an XLNet weight has no place in it."""
+    """A `model_class` instance (a head over `TransformerXLPermutationModel`, or the bare backbone) with the XLNet
+    weights. Every backbone parameter must come from the checkpoint (else ValueError); head weights the checkpoint
+    lacks keep their initialisation (with a warning, as transformers does); head weights the model lacks are dropped."""
     xlnet_config, state_dict = load_xlnet(path_or_model)
     config = config_from_xlnet(xlnet_config, **config_overrides)
     model = model_class(config)
     converted = convert_xlnet_state_dict(state_dict, config)
     if "transformer.word_emb.weight" not in model.state_dict():  # the bare backbone
         converted = {k.removeprefix("transformer."): v for k, v in converted.items() if k.startswith("transformer.")}
-    result = model.load_state_dict(converted, strict=False)
-    missing = [k for k in result.missing_keys if k not in getattr(model, "_tied_weights_keys", {})]
-    if missing or result.unexpected_keys:
-        raise ValueError(f"{model_class.__name__} cannot take this XLNet checkpoint: missing {missing[:5]}, "
-                         f"unexpected {result.unexpected_keys[:5]}")
+    ours = model.state_dict()
+    result = model.load_state_dict({k: v for k, v in converted.items() if k in ours}, strict=False)
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    missing = [k for k in result.missing_keys if k not in tied]
+    backbone_missing = [k for k in missing if k.startswith("transformer.") or "transformer.word_emb.weight" not in ours]
+    if backbone_missing:
+        raise ValueError(f"{model_class.__name__} cannot take this XLNet checkpoint: no weights for "
+                         f"{backbone_missing[:5]}")
+    if missing:
+        logger.warning("%s: newly initialised from no XLNet weights: %s", model_class.__name__, missing)
     return model.eval()
 
 

@@ -1,0 +1,242 @@
+"""Sequence classification head: pooling, padding, losses, long documents, loading, XLNet parity, bad input."""
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig, AutoModelForSequenceClassification
+
+from modeling_xl import (
+    TransformerXLConfig,
+    TransformerXLForCausalLM,
+    TransformerXLForSequenceClassification,
+)
+from modeling_xl.modeling_classification import classification_loss, left_align, pool_hidden
+
+
+def model_for(**overrides):
+    config = TransformerXLConfig.from_preset("debug", **{"num_labels": 3, "classifier_dropout": 0.0, **overrides})
+    return TransformerXLForSequenceClassification(config).eval()
+
+
+def naive_pool(hidden, mask, summary_type):
+    rows = []
+    for b in range(hidden.size(0)):
+        real = [t for t in range(hidden.size(1)) if mask[b, t]]
+        if summary_type == "last":
+            rows.append(hidden[b, real[-1]])
+        elif summary_type == "first":
+            rows.append(hidden[b, real[0]])
+        else:
+            rows.append(sum(hidden[b, t] for t in real) / len(real))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("summary_type", ["last", "first", "mean"])
+def test_pool_hidden_equals_naive_loop(summary_type):
+    hidden = torch.randn(4, 6, 5)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 1]])
+    torch.testing.assert_close(pool_hidden(hidden, mask, summary_type), naive_pool(hidden, mask, summary_type))
+    full = torch.ones(4, 6, dtype=torch.long)
+    torch.testing.assert_close(pool_hidden(hidden, None, summary_type), naive_pool(hidden, full, summary_type))
+
+
+def test_left_align_moves_real_tokens_to_the_end_in_order():
+    ids, mask = left_align(torch.tensor([[5, 6, 0, 0], [7, 8, 9, 1]]), torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]))
+    assert ids.tolist() == [[0, 0, 5, 6], [7, 8, 9, 1]]
+    assert mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("summary_type", ["last", "first", "mean"])
+def test_padded_batch_equals_each_sequence_alone(summary_type):
+    """Left padding (XLNet style) and right padding give each sequence the logits it has alone."""
+    model = model_for(summary_type=summary_type)
+    seqs = [torch.randint(1, 97, (n,)) for n in (7, 4, 2)]
+    alone = torch.cat([model(s[None]).logits for s in seqs])
+    for side in ("left", "right"):
+        ids = torch.zeros(3, 7, dtype=torch.long)
+        mask = torch.zeros(3, 7, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            cols = slice(7 - len(s), 7) if side == "left" else slice(0, len(s))
+            ids[b, cols], mask[b, cols] = s, 1
+        torch.testing.assert_close(model(ids, attention_mask=mask).logits, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_losses_match_transformers_conventions():
+    model = model_for()
+    x = torch.randint(0, 97, (4, 5))
+    labels = torch.tensor([0, 2, 1, 2])
+    out = model(x, labels=labels)
+    assert model.config.problem_type == "single_label_classification"
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits, labels))
+    multi = torch.tensor([[1.0, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]])
+    multi_model = model_for()
+    out = multi_model(x, labels=multi)
+    assert multi_model.config.problem_type == "multi_label_classification"
+    torch.testing.assert_close(out.loss, F.binary_cross_entropy_with_logits(out.logits, multi))
+    reg = model_for(num_labels=1)
+    target = torch.randn(4)
+    out = reg(x, labels=target)
+    assert reg.config.problem_type == "regression" and out.logits.shape == (4, 1)
+    torch.testing.assert_close(out.loss, F.mse_loss(out.logits.squeeze(-1), target))
+    out.loss.backward()
+    assert all(p.grad is not None for p in reg.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("labels, problem_type, match", [
+    (torch.tensor([0, 3]), "single_label_classification", r"labels contains 3; expected class ids in \[0, num_labels=3\)"),
+    (torch.tensor([-2, 0]), "single_label_classification", r"labels contains -2"),
+    (torch.tensor([0, 1, 2]), "single_label_classification", r"labels has shape \(3,\); expected one class id"),
+    (torch.ones(2, 2), "multi_label_classification", r"labels has shape \(2, 2\); expected \[batch=2, num_labels=3\]"),
+    (torch.ones(2), "bogus", r"problem_type='bogus' is invalid"),
+])
+def test_bad_labels_raise(labels, problem_type, match):
+    with pytest.raises(ValueError, match=match):
+        classification_loss(torch.zeros(2, 3), labels, problem_type)
+
+
+def test_forward_long_with_full_memory_equals_one_pass():
+    """mem_len covering the document: the last token read segment by segment = the last token of one pass, also
+    for documents of different lengths padded on either side."""
+    model = model_for(mem_len=32)
+    docs = [torch.randint(1, 97, (n,)) for n in (13, 9, 5)]
+    ids = torch.zeros(3, 13, dtype=torch.long)
+    mask = torch.zeros(3, 13, dtype=torch.long)
+    for b, d in enumerate(docs):
+        ids[b, : len(d)], mask[b, : len(d)] = d, 1  # right padding: forward_long re-aligns
+    long = model.forward_long(ids, attention_mask=mask, segment_len=4).logits
+    one_pass = torch.cat([model(d[None]).logits for d in docs])
+    torch.testing.assert_close(long, one_pass, atol=1e-5, rtol=1e-5)
+
+
+def test_forward_long_trains_only_the_last_segment_and_reports_loss():
+    model = model_for(mem_len=8).train()
+    out = model.forward_long(torch.randint(1, 97, (2, 20)), labels=torch.tensor([0, 1]), segment_len=6)
+    out.loss.backward()
+    assert model.logits_proj.weight.grad is not None and out.logits.shape == (2, 3)
+
+
+def first_segment_task(n, generator, segment_len=8):
+    """Documents of two segments; the label (0/1) is written as token 1/2 at a random place in the FIRST segment."""
+    first = torch.randint(3, 32, (n, segment_len), generator=generator)
+    labels = torch.randint(0, 2, (n,), generator=generator)
+    first[torch.arange(n), torch.randint(0, segment_len, (n,), generator=generator)] = labels + 1
+    return torch.cat([first, torch.randint(3, 32, (n, segment_len), generator=generator)], 1), labels
+
+
+def train_long_document_model(mem_len: int, steps: int = 200) -> float:
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
+    config = TransformerXLConfig(vocab_size=32, d_model=32, n_layer=2, n_head=2, d_head=16, d_inner=64, adaptive=False,
+                                 mem_len=mem_len, dropout=0.0, classifier_dropout=0.0, num_labels=2)
+    model = TransformerXLForSequenceClassification(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        docs, labels = first_segment_task(32, generator)
+        loss = model.forward_long(docs, labels=labels, segment_len=8).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    docs, labels = first_segment_task(512, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        predictions = model.eval().forward_long(docs, segment_len=8).logits.argmax(-1)
+    return (predictions == labels).float().mean().item()
+
+
+def test_long_document_label_from_first_segment_is_learned_with_memory_only():
+    assert train_long_document_model(mem_len=8) > 0.95
+    assert train_long_document_model(mem_len=0) < 0.6  # the last segment alone carries no information: chance
+
+
+@pytest.mark.parametrize("make_mask, match", [
+    (lambda: torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]), r"documents \[1\] are empty"),
+    (lambda: torch.ones(2, 3), r"attention_mask has shape \(2, 3\); expected the shape of input_ids"),
+])
+def test_forward_long_bad_input(make_mask, match):
+    with pytest.raises(ValueError, match=match):
+        model_for().forward_long(torch.randint(1, 97, (2, 4)), attention_mask=make_mask(), segment_len=2)
+    with pytest.raises(ValueError, match=r"segment_len=0 is invalid"):
+        model_for().forward_long(torch.randint(1, 97, (2, 4)), segment_len=0)
+    with pytest.raises(ValueError, match=r"input_ids has shape \(2, 0\)"):
+        model_for().forward_long(torch.zeros(2, 0, dtype=torch.long), segment_len=2)
+
+
+def test_forward_bad_attention_mask():
+    model = model_for()
+    with pytest.raises(ValueError, match=r"attention_mask marks no real token in sequences \[1\]"):
+        model(torch.randint(1, 97, (2, 3)), attention_mask=torch.tensor([[1, 1, 1], [0, 0, 0]]))
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(3, 3\); expected \[batch=2"):
+        model(torch.randint(1, 97, (2, 3)), attention_mask=torch.ones(3, 3))
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 5\); expected \[batch, seq_len=3\]"):
+        model(torch.randint(1, 97, (2, 3)), attention_mask=torch.ones(2, 5))
+
+
+def test_causal_lm_checkpoint_loads_with_only_the_head_new_and_a_warning(tmp_path, caplog):
+    lm = TransformerXLForCausalLM(TransformerXLConfig.from_preset("debug"))
+    lm.save_pretrained(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        model = TransformerXLForSequenceClassification.from_pretrained(tmp_path, num_labels=2)
+    for name, param in lm.transformer.state_dict().items():
+        torch.testing.assert_close(model.transformer.state_dict()[name], param)
+    assert "MISSING" in caplog.text and "logits_proj" in caplog.text and "sequence_summary" in caplog.text
+    assert model.logits_proj.out_features == 2
+
+
+def test_permutation_lm_checkpoint_loads_into_a_bidirectional_classifier(tmp_path):
+    from modeling_xl.modeling_permutation_lm import TransformerXLForPermutationLM
+
+    config = TransformerXLConfig.from_preset("debug", cutoffs=[], adaptive=False, attn_type="bi", n_token_type=3)
+    plm = TransformerXLForPermutationLM(config)
+    plm.save_pretrained(tmp_path)
+    model = TransformerXLForSequenceClassification.from_pretrained(tmp_path, num_labels=2).eval()
+    for name, param in plm.transformer.state_dict().items():
+        torch.testing.assert_close(model.transformer.state_dict()[name], param)
+    x = torch.randint(0, 97, (2, 6))
+    hidden = plm.transformer.eval()(x, token_type_ids=torch.zeros_like(x)).last_hidden_state
+    want = model.logits_proj(model.sequence_summary(hidden[:, -1]))
+    torch.testing.assert_close(model(x, token_type_ids=torch.zeros_like(x)).logits, want)
+
+
+def test_round_trip_auto_class_and_auto_map(tmp_path):
+    model = model_for()
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, TransformerXLForSequenceClassification)
+    x = torch.randint(0, 97, (2, 5))
+    torch.testing.assert_close(loaded(x).logits, model(x).logits)
+    auto_map = AutoConfig.from_pretrained(tmp_path).auto_map
+    assert auto_map["AutoModelForSequenceClassification"] == (
+        "modeling_classification.TransformerXLForSequenceClassification")
+    assert (tmp_path / "modeling_classification.py").exists()
+
+
+REMOTE = textwrap.dedent("""
+    import sys, torch
+    sys.modules["modeling_xl"] = None  # the code must come from the checkpoint folder
+    from transformers import AutoModelForSequenceClassification
+    model = AutoModelForSequenceClassification.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    x = torch.load(sys.argv[2], weights_only=True)
+    torch.save(model(x, attention_mask=(x > 0).long()).logits, sys.argv[3])
+""")
+
+
+def test_remote_code_loading_in_fresh_process(tmp_path):
+    model = model_for()
+    model.save_pretrained(tmp_path / "ckpt")
+    x = torch.randint(1, 97, (2, 5))
+    x[0, :2] = 0
+    torch.save(x, tmp_path / "x.pt")
+    (tmp_path / "remote.py").write_text(REMOTE)
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(tmp_path / "remote.py"), str(tmp_path / "ckpt"), str(tmp_path / "x.pt"),
+                           str(tmp_path / "out.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(tmp_path / "out.pt", weights_only=True)
+    torch.testing.assert_close(got, model(x, attention_mask=(x > 0).long()).logits)
