@@ -3,7 +3,13 @@
 Importing this package registers every config and model class with the transformers Auto classes.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForPreTraining,
+    AutoModelForSequenceClassification,
+)
 
 from .configuration_transformer_xl import PRESETS, RECIPES, TransformerXLConfig
 from .modeling_classification import TransformerXLForSequenceClassification, TransformerXLSequenceClassifierOutput

@@ -153,6 +153,14 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
         self.logits_proj = nn.Linear(config.d_model, config.num_labels)
         self.post_init()
 
+    @classmethod
+    def from_xlnet(cls, path_or_model, **config_overrides) -> "TransformerXLForSequenceClassification":
+        """Import a transformers `XLNetForSequenceClassification` (a model object or a saved folder): backbone and head
+        (an XLNet checkpoint without a head gets a newly initialised one, with a warning). See `xlnet_conversion`."""
+        from .xlnet_conversion import load_xlnet_into
+
+        return load_xlnet_into(cls, path_or_model, **config_overrides)
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)
         if self._auto_class is not None and kwargs.get("is_main_process", True):

@@ -129,7 +129,16 @@ def first_segment_task(n, generator, segment_len=8):
     return torch.cat([first, torch.randint(3, 32, (n, segment_len), generator=generator)], 1), labels
 
 
-def train_long_document_model(mem_len: int, steps: int = 200) -> float:
+@pytest.fixture
+def one_thread():
+    """Small models train faster on one thread than on two contended ones (the machine is shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def train_long_document_model(mem_len: int, steps: int = 120) -> float:
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
     config = TransformerXLConfig(vocab_size=32, d_model=32, n_layer=2, n_head=2, d_head=16, d_inner=64, adaptive=False,
@@ -148,7 +157,7 @@ def train_long_document_model(mem_len: int, steps: int = 200) -> float:
     return (predictions == labels).float().mean().item()
 
 
-def test_long_document_label_from_first_segment_is_learned_with_memory_only():
+def test_long_document_label_from_first_segment_is_learned_with_memory_only(one_thread):
     assert train_long_document_model(mem_len=8) > 0.95
     assert train_long_document_model(mem_len=0) < 0.6  # the last segment alone carries no information: chance
 
@@ -240,3 +249,32 @@ def test_remote_code_loading_in_fresh_process(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(tmp_path / "out.pt", weights_only=True)
     torch.testing.assert_close(got, model(x, attention_mask=(x > 0).long()).logits)
+
+
+def test_xlnet_sequence_classification_logits_match_transformers():
+    """Random-weight transformers 5 `XLNetForSequenceClassification` imported: equal logits and memories
+    (left padding, segments A <sep> B <sep> <cls>, then a second segment with memory)."""
+    from transformers import XLNetConfig, XLNetForSequenceClassification
+
+    config = XLNetConfig(vocab_size=50, d_model=16, n_layer=2, n_head=2, d_inner=32, num_labels=3, mem_len=6,
+                         attn_type="bi", dropout=0.0, summary_last_dropout=0.0)
+    reference = XLNetForSequenceClassification(config).eval()
+    with torch.no_grad():
+        for param in reference.parameters():  # larger than the default init, so every term matters
+            param.normal_(0.0, 0.3)
+    ours = TransformerXLForSequenceClassification.from_xlnet(reference)
+    assert ours.config.attn_type == "bi" and ours.config.num_labels == 3
+    x = torch.randint(5, 50, (3, 7))
+    x[:, -1] = 3  # <cls> last
+    token_type_ids = torch.tensor([[0, 0, 0, 1, 1, 1, 2]] * 3)
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[1, :2], mask[2, :4] = 0, 0  # left padding
+    with torch.no_grad():
+        want = reference(x, token_type_ids=token_type_ids, attention_mask=mask.float(), use_mems=True)
+        got = ours(x, token_type_ids=token_type_ids, attention_mask=mask)
+        assert (want.logits - got.logits).abs().max() <= 1e-5
+        for theirs, mine in zip(want.mems, got.mems):  # theirs [M, B, d], ours [B, M, d]
+            assert (theirs.transpose(0, 1) - mine).abs().max() <= 1e-5
+        x2 = torch.randint(5, 50, (3, 5))
+        want2, got2 = reference(x2, mems=want.mems, use_mems=True), ours(x2, mems=got.mems)
+        assert (want2.logits - got2.logits).abs().max() <= 1e-5

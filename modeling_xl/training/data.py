@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .streams import RankStreams
@@ -38,8 +39,8 @@ def data_from_tokens(tokenizer, train_ids, valid_ids, *, num_streams: int, tgt_l
                      num_processes: int = 1, process_index: int = 0, info: dict | None = None) -> PretrainData:
     """PretrainData from two 1-D token id sequences (training and validation), split over processes."""
     vocab = tokenizer_vocab_size(tokenizer)
+    train_ids, valid_ids = (torch.from_numpy(np.array(ids, dtype=np.int64)) for ids in (train_ids, valid_ids))
     for name, ids in (("training", train_ids), ("validation", valid_ids)):
-        ids = torch.as_tensor(ids)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             raise ValueError(f"the {name} token ids reach {int(ids.max())}, outside the tokenizer's vocabulary of "
                              f"{vocab}; expected ids produced by the same tokenizer")

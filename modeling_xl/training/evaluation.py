@@ -69,15 +69,16 @@ def stream_nll(model, batches: Iterable[dict], device, max_segments: int | None 
     return float(total_nll), int(total_tokens)
 
 
-def evaluate_causal_lm(model, batches: Iterable[dict], *, eval_mem_len: int, eval_clamp_len: int,
+def evaluate_causal_lm(model, config, batches: Iterable[dict], *, eval_mem_len: int, eval_clamp_len: int,
                        eval_same_length: bool, device, reduce=None, max_segments: int | None = None,
                        chars_per_token: float | None = None) -> dict:
-    """Evaluate with the evaluation recurrence settings. `reduce(tensor)` sums across processes (None: one process).
+    """Evaluate with the evaluation recurrence settings, switched on `config` (the config the model reads; `model`
+    may be a DDP/FSDP wrapper). `reduce(tensor)` sums across processes (None: one process).
 
     Returns {"eval_loss", "perplexity", "eval_tokens"} and, when `chars_per_token` is given (character-level data),
     "bpc" (NLL per character in bits).
     """
-    with recurrence_settings(model.config, eval_mem_len, eval_clamp_len, eval_same_length):
+    with recurrence_settings(config, eval_mem_len, eval_clamp_len, eval_same_length):
         nll, tokens = stream_nll(model, batches, device, max_segments)
     if reduce is not None:
         totals = reduce(torch.tensor([nll, float(tokens)], dtype=torch.float64, device=device))

@@ -110,6 +110,8 @@ def train(accelerator, args, model, optimizer, scheduler, data, objective, state
     log = StepLog(args.output_dir, enabled=main, resume_step=state.step)
     tokens_per_step = global_batch * args.tgt_len
     progress = Progress(args.max_train_steps, state.step, tokens_per_step, enabled=main and not args.disable_tqdm)
+    if state.step == 0:  # the starting point of the validation curve ("falls well below its start")
+        evaluate_and_log(accelerator, args, model, data, objective, state, log, progress)
     model.train()
     for step, batch in data.train_batches(state.step, args.max_train_steps, accelerator.device):
         if batch.pop("new_epoch", False):
@@ -125,12 +127,7 @@ def train(accelerator, args, model, optimizer, scheduler, data, objective, state
             accelerator.log({"train/loss": loss, "train/lr": record["lr"], "train/tokens_per_second": tokens_per_second},
                             step=state.step)
         if state.step % args.eval_steps == 0 and state.step < args.max_train_steps:
-            metrics = evaluate(accelerator, args, model, data, objective, args.max_eval_segments)
-            state.eval_history.append({"step": state.step, **metrics})
-            log.write({"step": state.step, **metrics})
-            progress.write(f"step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-            if args.with_tracking:
-                accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=state.step)
+            evaluate_and_log(accelerator, args, model, data, objective, state, log, progress)
         if args.checkpointing_steps and state.step % args.checkpointing_steps == 0:
             folder = save_checkpoint(accelerator, args.output_dir, state.step, {
                 **layout, "tokens_seen": state.tokens_seen, "eval_history": state.eval_history,
@@ -139,10 +136,22 @@ def train(accelerator, args, model, optimizer, scheduler, data, objective, state
     progress.close()
 
 
+def evaluate_and_log(accelerator, args, model, data, objective, state: RunState, log, progress) -> None:
+    metrics = evaluate(accelerator, args, model, data, objective, args.max_eval_segments)
+    state.eval_history.append({"step": state.step, **metrics})
+    log.write({"step": state.step, **metrics})
+    progress.write(f"step {state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+    if args.with_tracking:
+        accelerator.log({f"eval/{k}": v for k, v in metrics.items()}, step=state.step)
+
+
 def evaluate(accelerator, args, model, data, objective, max_segments):
-    """Validation metrics with the evaluation segment/memory lengths, summed over every process's rows."""
-    unwrapped = accelerator.unwrap_model(model)
-    return objective.evaluate(unwrapped, data, args, accelerator.device, max_segments,
+    """Validation metrics with the evaluation segment/memory lengths, summed over every process's rows.
+
+    The forward goes through the prepared model (under FSDP only the wrapper holds whole parameters); the recurrence
+    settings are switched on the underlying model's config."""
+    config = accelerator.unwrap_model(model).config
+    return objective.evaluate(model, config, data, args, accelerator.device, max_segments,
                               reduce=lambda t: accelerator.reduce(t, reduction="sum"))
 
 
@@ -160,11 +169,12 @@ def finish(accelerator, args, model, data, state, results, wall_time_s: float) -
     """Final folder on the main process: model + remote code, tokenizer, results, loss plot, model card; then push."""
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    state_dict = accelerator.get_state_dict(model)  # collective under FSDP: every process takes part
     if not accelerator.is_main_process:
         return
     out = args.output_dir
     unwrapped = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
-    unwrapped.save_pretrained(out, state_dict=accelerator.get_state_dict(model))
+    unwrapped.save_pretrained(out, state_dict=state_dict)
     data.tokenizer.save_pretrained(out)
     write_results(out, results, state.eval_history)
     plot_losses(f"{out}/{LOG_FILE}", f"{out}/{PLOT_FILE}")

@@ -19,8 +19,14 @@ def build_config(args, vocab_size: int) -> TransformerXLConfig:
     """
     overrides = {"mem_len": args.mem_len, "clamp_len": args.clamp_len, "same_length": args.same_length}
     overrides.update({k: getattr(args, k) for k in ("dropout", "dropatt") if getattr(args, k) is not None})
+    architecture = {}
+    if args.objective == "plm":
+        from .plm import plm_config_overrides
+
+        architecture = plm_config_overrides(args)
+        overrides.update(reuse_len=architecture.pop("reuse_len"), bi_data=architecture.pop("bi_data"))
     source = args.model_name_or_path or args.config_name
-    if source is not None:
+    if source is not None:  # a saved model keeps its architecture; only recurrence, dropout and plm layout change
         try:
             config = TransformerXLConfig.from_pretrained(source)
         except OSError as error:
@@ -37,6 +43,9 @@ def build_config(args, vocab_size: int) -> TransformerXLConfig:
         config.validate_architecture()
         return config
     preset = TransformerXLConfig.from_preset(args.preset)
+    if args.objective == "plm":  # one tied embedding, no adaptive clusters, bidirectional attention
+        return TransformerXLConfig.from_preset(args.preset, vocab_size=vocab_size, d_embed=preset.d_model,
+                                               **architecture, **overrides)
     cutoffs = [c for c in preset.cutoffs if c < vocab_size]
     if cutoffs != preset.cutoffs:
         logger.info("preset %s: cutoffs %s -> %s for a vocabulary of %d", args.preset, preset.cutoffs, cutoffs, vocab_size)

@@ -19,16 +19,16 @@ class Objective:
     model_class: type
     step_fn: Callable  # (model, batch rows, mems) -> (summed NLL, target count, new mems)
     target_count: Callable  # batch -> number of targets in it
-    evaluate: Callable  # (model, data, args, device, max_segments, reduce) -> metrics dict
+    evaluate: Callable  # (model, config, data, args, device, max_segments, reduce) -> metrics dict
 
 
 def _clm_targets(batch) -> int:
     return int((batch["next_token_labels"] != -100).sum())
 
 
-def _clm_evaluate(model, data, args, device, max_segments, reduce) -> dict:
+def _clm_evaluate(model, config, data, args, device, max_segments, reduce) -> dict:
     return evaluate_causal_lm(
-        model, data.validation_batches(device), eval_mem_len=args.eval_mem_len, eval_clamp_len=args.eval_clamp_len,
+        model, config, data.validation_batches(device), eval_mem_len=args.eval_mem_len, eval_clamp_len=args.eval_clamp_len,
         eval_same_length=args.eval_same_length, device=device, reduce=reduce, max_segments=max_segments,
         chars_per_token=1.0 if data.info.get("char_level") else None,
     )

@@ -1,0 +1,122 @@
+"""`build_data(args, ...)`: corpus (modeling_xl.data.corpora) -> tokenizer (tokenization/) -> token streams
+(modeling_xl.data.tokenize) -> this process's rows (training.streams / training.plm).
+
+Every failure here (missing file or dataset, undecodable text, empty corpus, too few tokens for the streams) happens
+before the model is built, so bad input costs seconds, not a training run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from accelerate import PartialState
+
+from .data import PretrainData, data_from_tokens
+
+logger = logging.getLogger(__name__)
+VALIDATION_FRACTION = 0.05  # held out from the end of the training rows when the corpus has no validation split
+
+
+def build_data(args, process_index: int, num_processes: int, per_process: int) -> PretrainData:
+    """Tokenizer and ordered streams of this process. The main process loads and tokenizes first (it fills the
+    `datasets` cache); the others then read the cache."""
+    with PartialState().main_process_first():
+        corpus, source = load_splits(args)
+        tokenizer = load_tokenizer(args, corpus)
+        if args.objective == "plm":
+            from .plm import add_plm_tokens
+
+            add_plm_tokens(tokenizer)
+        from ..data.tokenize import tokenize_corpus
+
+        ids = tokenize_corpus(corpus, tokenizer, text_column=args.text_column,
+                              num_proc=args.preprocessing_num_workers)
+    info = describe(args, source, tokenizer, ids)
+    num_streams = per_process * num_processes
+    if args.objective == "plm":
+        from .plm import plm_data_from_tokens
+
+        return plm_data_from_tokens(tokenizer, ids["train"], ids["validation"], args, num_streams=num_streams,
+                                    num_processes=num_processes, process_index=process_index, info=info)
+    return data_from_tokens(tokenizer, ids["train"], ids["validation"], num_streams=num_streams, tgt_len=args.tgt_len,
+                            eval_tgt_len=args.eval_tgt_len, num_processes=num_processes, process_index=process_index,
+                            info=info)
+
+
+def load_splits(args):
+    """DatasetDict with train and validation splits, and a name for the model card."""
+    import datasets
+
+    from ..data.corpora import load_corpus
+
+    source = args.train_file or args.dataset_name
+    name = "train_file" if args.train_file else "dataset_name"
+    try:
+        corpus = load_corpus(source, args.dataset_config_name, text_column=args.text_column)
+        if args.validation_file:
+            validation = load_corpus(args.validation_file, text_column=args.text_column)["train"]
+            corpus = datasets.DatasetDict({**corpus, "validation": validation})
+    except OSError as error:
+        raise ValueError(f"{name}={source!r} could not be loaded: {error}") from None
+    if "validation" not in corpus:
+        rows = corpus["train"].num_rows
+        held_out = max(1, int(rows * VALIDATION_FRACTION))
+        if rows < 2:
+            raise ValueError(f"{name}={source!r} has {rows} row(s) and no validation split; expected a "
+                             "--validation_file or a corpus with at least two lines")
+        logger.info("no validation split: holding out the last %d of %d training rows", held_out, rows)
+        corpus = datasets.DatasetDict({"train": corpus["train"].select(range(rows - held_out)),
+                                       "validation": corpus["train"].select(range(rows - held_out, rows))})
+    return datasets.DatasetDict({"train": corpus["train"], "validation": corpus["validation"]}), str(source)
+
+
+def load_tokenizer(args, corpus):
+    """--tokenizer_name, else the tokenizer saved with --model_name_or_path, else one trained on the training split
+    (word level by default, capped at the preset's vocabulary size)."""
+    from transformers import AutoTokenizer
+
+    saved = args.tokenizer_name or args.model_name_or_path
+    if saved is not None:
+        try:
+            return AutoTokenizer.from_pretrained(saved)
+        except (OSError, ValueError) as error:
+            name = "tokenizer_name" if args.tokenizer_name else "model_name_or_path"
+            raise ValueError(f"{name}={saved!r} has no loadable tokenizer ({error}); expected a folder with "
+                             "tokenizer.json (e.g. written by scripts/train_tokenizer.py)") from None
+    from ..configuration_transformer_xl import PRESETS
+
+    texts = corpus["train"].data.column(args.text_column)
+    if args.tokenizer_type == "word":
+        from tokenization.word_level import train_word_level_tokenizer
+
+        vocab_size = args.tokenizer_vocab_size or PRESETS[args.preset]["vocab_size"]
+        return train_word_level_tokenizer(texts, max_size=max(1, vocab_size - 2))  # room for <eos> and <unk>
+    if args.tokenizer_type == "char":
+        from tokenization.char_level import train_char_level_tokenizer
+
+        return train_char_level_tokenizer(texts.to_pylist())
+    if args.tokenizer_type == "byte":
+        from tokenization.char_level import byte_level_tokenizer
+
+        return byte_level_tokenizer()
+    raise ValueError(f"tokenizer_type={args.tokenizer_type!r} is invalid; expected 'word', 'char' or 'byte'")
+
+
+def describe(args, source: str, tokenizer, ids: dict[str, np.ndarray]) -> dict:
+    """Facts about the data for logs and the model card."""
+    char_level = args.char_level if args.char_level is not None else args.tokenizer_type in ("char", "byte")
+    pretty = {"builtin": "the built-in offline corpus (English prose from the Python standard library's docstrings)"}
+    return {
+        "dataset_name": source.split("/")[-1] if "/" in source and not args.dataset_name else source,
+        "dataset_pretty_name": source,
+        "description": pretty.get(source, f"`{source}`" + (f" ({args.dataset_config_name})"
+                                                            if args.dataset_config_name else "")),
+        "tokenizer": f"{type(tokenizer).__name__}, {len(tokenizer):,} tokens"
+                     + (f" ({args.tokenizer_type} level, trained on the training split)"
+                        if not (args.tokenizer_name or args.model_name_or_path) else ""),
+        "char_level": char_level,
+        "example_prompt": "The",
+        "train_tokens": int(len(ids["train"])),
+        "eval_tokens": int(len(ids["validation"])),
+    }

@@ -1,0 +1,147 @@
+"""`--objective plm`: XLNet-style permutation LM (Yang et al. 2019) on the same loop as the causal LM.
+
+Samples come from `modeling_xl.data.plm_sampling` (layout `reuse ++ A <sep> B <sep> <cls>`, span targets, one local
+permutation per half). The layout is step-major, so batch t holds step t of every row; process r takes rows
+[r·B/W, (r+1)·B/W) of each step, like the ordered streams of the causal LM, and each accumulation chunk carries its
+memory `cat(mem, h[:, :reuse_len])[-mem_len:]` to the next step (the model computes it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..data.plm_layout import NUM_SPECIAL_TOKENS, sentence_ids_from_eos
+from ..data.plm_sampling import PLMCollator, PLMSamplingConfig, build_plm_dataset
+from .evaluation import perplexity, recurrence_settings
+from .objectives import Objective
+
+logger = logging.getLogger(__name__)
+SPECIAL = {"sep_token": "<sep>", "cls_token": "<cls>"}
+
+
+def plm_settings(args) -> dict:
+    """reuse_len (default tgt_len // 2), num_predict (default ~ tgt_len / 6, at least 1 per half), perm_size."""
+    seq_len = args.tgt_len
+    reuse_len = args.reuse_len if args.reuse_len is not None else seq_len // 2
+    num_predict = args.num_predict if args.num_predict is not None else max(2, round(seq_len / 6))
+    perm_size = args.perm_size if args.perm_size is not None else reuse_len
+    if seq_len - reuse_len < NUM_SPECIAL_TOKENS + 2:
+        raise ValueError(f"tgt_len={seq_len} with reuse_len={reuse_len} leaves no room for A <sep> B <sep> <cls>; "
+                         f"expected tgt_len - reuse_len >= {NUM_SPECIAL_TOKENS + 2}")
+    return dict(seq_len=seq_len, reuse_len=reuse_len, num_predict=num_predict, perm_size=perm_size)
+
+
+def add_plm_tokens(tokenizer):
+    """<sep> and <cls> (added when the tokenizer lacks them); returns (sep_id, cls_id)."""
+    missing = {k: v for k, v in SPECIAL.items() if getattr(tokenizer, k, None) is None}
+    if missing:
+        tokenizer.add_special_tokens(missing)
+    return tokenizer.sep_token_id, tokenizer.cls_token_id
+
+
+class PLMStreams:
+    """Permutation-LM batches of one process: step t -> rows [r·B/W, (r+1)·B/W) of the layout's step t."""
+
+    def __init__(self, tokens, tokenizer, num_streams, settings, num_processes, process_index, seed, max_steps,
+                 bi_data=False):
+        sep_id, cls_id = add_plm_tokens(tokenizer)
+        self.sampling = PLMSamplingConfig(sep_id=sep_id, cls_id=cls_id, **settings)
+        tokens = np.asarray(tokens, dtype=np.int64)
+        rows = num_streams // 2 if bi_data else num_streams
+        # the layout is materialised in memory: keep only the text the run can read (max_steps steps per row)
+        needed = rows * (max_steps * settings["reuse_len"] + settings["seq_len"])
+        if len(tokens) > needed:
+            logger.info("plm: using the first %d of %d tokens (%d steps per row)", needed, len(tokens), max_steps)
+            tokens = tokens[:needed]
+        eos = tokenizer.eos_token_id
+        sentences = sentence_ids_from_eos(tokens, eos) if eos is not None else None
+        self.dataset = build_plm_dataset(tokens, num_streams, self.sampling, seed=seed, sentence_ids=sentences,
+                                         bi_data=bi_data)
+        self.collator = PLMCollator(self.sampling, seed=seed)
+        self.num_streams = num_streams
+        self.steps_per_epoch = len(self.dataset) // num_streams
+        share = num_streams // num_processes
+        self.rows = slice(process_index * share, (process_index + 1) * share)
+
+    def batch(self, step: int) -> dict:
+        epoch, position = divmod(step, self.steps_per_epoch)
+        self.collator.set_epoch(epoch)
+        first = position * self.num_streams
+        examples = [self.dataset[first + i] for i in range(self.rows.start, self.rows.stop)]
+        return {**self.collator(examples), "new_epoch": position == 0}
+
+    def __iter__(self):
+        for step in range(self.steps_per_epoch):
+            batch = self.batch(step)
+            batch.pop("new_epoch")
+            yield batch
+
+
+def plm_step(model, batch: dict, mems):
+    """Summed cross-entropy over real predictions, their number, the new memory (from the reuse part)."""
+    out = model(input_ids=batch["input_ids"], perm_mask=batch["perm_mask"], target_mapping=batch["target_mapping"],
+                token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"], mems=mems,
+                labels=batch["labels"], target_mask=batch["target_mask"])
+    return out.losses.float().sum(), batch["target_mask"].sum(), out.mems
+
+
+def plm_target_count(batch) -> int:
+    return int(batch["target_mask"].sum())
+
+
+@torch.no_grad()
+def plm_evaluate(model, config, data, args, device, max_segments, reduce) -> dict:
+    """Permutation-LM NLL per predicted token on the validation layout (fixed samples), memory carried."""
+    was_training = model.training
+    model.eval()
+    nll = torch.zeros((), dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.float64, device=device)
+    mems = None
+    with recurrence_settings(config, args.eval_mem_len, args.eval_clamp_len, config.same_length):
+        for index, batch in enumerate(data.validation_batches(device)):
+            if max_segments is not None and index >= max_segments:
+                break
+            loss_sum, targets, mems = plm_step(model, batch, mems)
+            nll += loss_sum.double()
+            count += targets.double()
+    model.train(was_training)
+    totals = torch.stack([nll, count])
+    if reduce is not None:
+        totals = reduce(totals)
+    nll, count = float(totals[0]), int(round(float(totals[1])))
+    return {"eval_loss": nll / max(count, 1), "perplexity": perplexity(nll, count), "eval_tokens": count}
+
+
+def plm_model_class():
+    from ..modeling_permutation_lm import TransformerXLForPermutationLM
+
+    return TransformerXLForPermutationLM
+
+
+def plm_objective(args, data) -> Objective:
+    return Objective("plm", plm_model_class(), plm_step, plm_target_count, plm_evaluate)
+
+
+def plm_config_overrides(args) -> dict:
+    """A permutation LM uses one embedding tied to its output layer (no adaptive softmax) and bidirectional
+    relative attention."""
+    return dict(adaptive=False, cutoffs=[], tie_projs=[False], attn_type="bi", reuse_len=plm_settings(args)["reuse_len"],
+                bi_data=args.bi_data)
+
+
+def plm_data_from_tokens(tokenizer, train_ids, valid_ids, args, *, num_streams: int, num_processes: int = 1,
+                         process_index: int = 0, info: dict | None = None):
+    """PretrainData of permutation-LM samples (validation: fixed samples, capped at max_eval_segments steps)."""
+    from .data import PretrainData
+
+    settings = plm_settings(args)
+    train = PLMStreams(train_ids, tokenizer, num_streams, settings, num_processes, process_index, args.seed,
+                       args.max_train_steps, args.bi_data)
+    eval_steps = args.max_eval_segments if args.max_eval_segments is not None else len(valid_ids)
+    validation = PLMStreams(valid_ids, tokenizer, num_streams, settings, num_processes, process_index, args.seed + 1,
+                            eval_steps, args.bi_data)
+    facts = {"train_tokens": len(train_ids), "eval_tokens": len(valid_ids), **(info or {})}
+    return PretrainData(tokenizer, train, validation, facts)

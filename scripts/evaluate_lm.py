@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""Evaluate a Transformer-XL causal-LM checkpoint on a corpus split with long memory.
+
+    python scripts/evaluate_lm.py outputs/tiny --dataset_name ../shared/data/wikitext-2 --split validation \
+        --tgt_len 64 --mem_len 640 --mem_lens 0 64 160 320 640 --vanilla --context_len 640
+
+Perplexity (word level) or bits per character (`--char_level`); a sweep over memory lengths (table + PNG plot);
+`--vanilla` compares the paper's sliding-window baseline with state reuse on the same targets. Results go to
+`lm_evaluation.json` and into a section of the checkpoint's README.md (model card). Library: `modeling_xl.evaluation`.
+"""
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+RESULTS_FILE, PLOT_FILE, CARD_SECTION = "lm_evaluation.json", "memory_sweep.png", "lm-evaluation"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_name_or_path", help="checkpoint folder (save_pretrained of a causal LM)")
+    p.add_argument("--tokenizer_name", help="tokenizer folder (default: the checkpoint's)")
+    p.add_argument("--dataset_name", default="builtin", help="Hub name, local file/folder, or 'builtin'")
+    p.add_argument("--dataset_config_name")
+    p.add_argument("--split", default="validation")
+    p.add_argument("--text_column", default="text")
+    p.add_argument("--max_eval_tokens", type=int, help="evaluate only the first N tokens of the split")
+    p.add_argument("--tgt_len", type=int, default=64, help="evaluation segment length")
+    p.add_argument("--mem_len", type=int, help="memory length (default: the checkpoint's mem_len)")
+    p.add_argument("--clamp_len", type=int, default=-1)
+    p.add_argument("--same_length", action="store_true")
+    p.add_argument("--batch_size", type=int, default=1, help="number of contiguous streams")
+    p.add_argument("--char_level", action="store_true", help="report bits per character (one char/byte per token)")
+    p.add_argument("--mem_lens", type=int, nargs="*", help="memory lengths to sweep (table + plot)")
+    p.add_argument("--vanilla", action="store_true", help="compare the sliding-window baseline with state reuse")
+    p.add_argument("--context_len", type=int, default=640, help="vanilla window = state-reuse memory length")
+    p.add_argument("--vanilla_targets", type=int, default=512, help="targets scored by both modes")
+    p.add_argument("--vanilla_batch_size", type=int, default=16, help="windows per vanilla forward pass")
+    p.add_argument("--output_dir", help="where results and the card section go (default: the checkpoint folder)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads")
+    return p
+
+
+def load(args):
+    import modeling_xl  # noqa: F401  (registers the Auto classes)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(args.model_name_or_path)
+    if not (folder / "config.json").exists():
+        raise ValueError(f"model_name_or_path={args.model_name_or_path!r} has no config.json; expected a checkpoint "
+                         "folder written by save_pretrained")
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or folder)
+    return model, tokenizer
+
+
+def run(args) -> dict:
+    from modeling_xl.evaluation import (
+        load_eval_tokens,
+        memory_sweep,
+        plot_sweep,
+        results_markdown,
+        reuse_vs_vanilla,
+        sweep_table,
+        update_card_section,
+    )
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load(args)
+    tokens = load_eval_tokens(tokenizer, args.dataset_name, args.dataset_config_name, args.split, args.text_column,
+                              args.max_eval_tokens)
+    out_dir = Path(args.output_dir or args.model_name_or_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metric = "bpc" if args.char_level else "perplexity"
+    settings = dict(tgt_len=args.tgt_len, clamp_len=args.clamp_len, same_length=args.same_length,
+                    batch_size=args.batch_size, char_level=args.char_level)
+    mem_len = model.config.mem_len if args.mem_len is None else args.mem_len
+    results = {"model": str(args.model_name_or_path), "dataset": args.dataset_name, "split": args.split,
+               "evaluation": memory_sweep(model, tokens, [mem_len], **settings)[0]}
+    print(f"{metric}: {results['evaluation'][metric]:.4f} over {results['evaluation']['tokens']} tokens "
+          f"(tgt_len {args.tgt_len}, mem_len {mem_len}, clamp_len {args.clamp_len}, same_length {args.same_length})")
+    if args.mem_lens:
+        results["sweep"] = memory_sweep(model, tokens, args.mem_lens, **settings)
+        results["sweep_plot"] = PLOT_FILE
+        plot_sweep(results["sweep"], out_dir / PLOT_FILE, metric)
+        print(sweep_table(results["sweep"], metric))
+    if args.vanilla:
+        results["vanilla"] = reuse_vs_vanilla(model, tokens, context_len=args.context_len,
+                                              num_targets=args.vanilla_targets, tgt_len=args.tgt_len,
+                                              clamp_len=args.clamp_len, vanilla_batch_size=args.vanilla_batch_size)
+        v = results["vanilla"]
+        print(f"vanilla: ppl {v['vanilla_perplexity']:.3f} in {v['vanilla_seconds']:.2f}s; state reuse: ppl "
+              f"{v['reuse_perplexity']:.3f} in {v['reuse_seconds']:.2f}s; speed-up {v['speedup']:.1f}x")
+    (out_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+    update_card_section(out_dir / "README.md", CARD_SECTION, results_markdown(results, metric))
+    return results
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except (ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

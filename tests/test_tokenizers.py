@@ -1,0 +1,216 @@
+"""Tokenizers: WikiText-2 counts, reference vocabulary order, fast path == Rust, round trips, special tokens,
+AutoTokenizer loading in a process where this project is not importable, legacy vocabulary import, bad input."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import sysconfig
+from collections import Counter, OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokenization import (build_vocab, byte_level_tokenizer, check_vocab_matches, encode_lines,
+                          read_legacy_vocab_pkl, tokenizer_from_vocab, train_char_level_tokenizer,
+                          train_unigram_tokenizer, train_word_level_tokenizer, word_level_tokenizer)
+from tokenization.arrow_words import WordLevelPlan, insert_after_each_line
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def read_lines(path: Path) -> list[str]:
+    """Lines as Python's file iteration gives them (the reference reads `for line in f`)."""
+    with path.open(encoding="utf-8") as handle:
+        return [line.rstrip("\n") for line in handle]
+
+
+@pytest.fixture(scope="module")
+def wikitext():
+    return {split: read_lines(DATA / "wikitext-2" / f"{split}.txt") for split in ("train", "valid", "test")}
+
+
+@pytest.fixture(scope="module")
+def wt2_tokenizer(wikitext):
+    # the reference counts all three splits for WikiText (valid/test add no new types)
+    return train_word_level_tokenizer(wikitext["train"] + wikitext["valid"] + wikitext["test"])
+
+
+def test_wikitext2_vocabulary_and_training_tokens(wikitext, wt2_tokenizer):
+    assert len(wt2_tokenizer) == 33278
+    ids, per_line = encode_lines(wikitext["train"], wt2_tokenizer, WordLevelPlan.from_tokenizer(wt2_tokenizer))
+    assert ids.size == 2088628 == sum(len(line.split()) + 1 for line in wikitext["train"])  # one <eos> per line
+    assert per_line.size == 36718 and (per_line >= 1).all()  # empty lines give one <eos>
+    eos = wt2_tokenizer.convert_tokens_to_ids("<eos>")
+    assert int((ids == eos).sum()) == 36718 and ids[-1] == eos
+
+
+def test_vocabulary_order_matches_reference_counter(wikitext, wt2_tokenizer):
+    counter = Counter()
+    for split in ("train", "valid", "test"):
+        for line in wikitext[split]:
+            counter.update(line.strip().split())
+    expected = ["<eos>"] + [word for word, _ in counter.most_common()]  # Vocab.build_vocab: specials, most_common
+    assert wt2_tokenizer.convert_ids_to_tokens(list(range(len(wt2_tokenizer)))) == expected
+
+
+def test_build_vocab_min_freq_max_size():
+    words, counts = ["b", "a", "c", "d"], [1, 3, 1, 2]
+    assert build_vocab(words, counts) == ["<eos>", "a", "d", "b", "c", "<unk>"]
+    assert build_vocab(words, counts, min_freq=2) == ["<eos>", "a", "d", "<unk>"]
+    assert build_vocab(words, counts, max_size=1, special_tokens=("<eos>", "<unk>")) == ["<eos>", "<unk>", "a"]
+
+
+def test_arrow_fast_path_equals_rust_tokenizer(wikitext, wt2_tokenizer):
+    plan = WordLevelPlan.from_tokenizer(wt2_tokenizer)
+    tricky = ["", "   ", " a  b ", "x<unk>y", "sep\x1cword", "tab\tand\u3000ideographic\u2028space", "The cat"]
+    for lines in (wikitext["valid"], tricky):
+        fast, fast_counts = encode_lines(lines, wt2_tokenizer, plan)
+        rust, rust_counts = encode_lines(lines, wt2_tokenizer)
+        np.testing.assert_array_equal(fast, rust)
+        np.testing.assert_array_equal(fast_counts, rust_counts)
+    lower = train_word_level_tokenizer(["The Cat", "İstanbul ΣΑΣ sat"], lowercase=True)
+    lines = ["THE cat", "İSTANBUL σας", "Ünïcode THE"]
+    np.testing.assert_array_equal(encode_lines(lines, lower, WordLevelPlan.from_tokenizer(lower))[0],
+                                  encode_lines(lines, lower)[0])
+
+
+def test_insert_after_each_line_matches_loop():
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 4, size=20)
+    ids = rng.integers(5, 50, size=int(counts.sum()))
+    expected, start = [], 0
+    for count in counts:
+        expected += list(ids[start:start + count]) + [0]
+        start += count
+    np.testing.assert_array_equal(insert_after_each_line(ids, counts, 0), expected)
+
+
+def test_round_trips():
+    word = train_word_level_tokenizer(["the cat sat", "on the mat"])
+    ids = word("the cat sat on the dog")["input_ids"]
+    assert word.convert_ids_to_tokens(ids)[-1] == "<eos>" and word.convert_ids_to_tokens(ids)[-2] == "<unk>"
+    assert word.decode(word("the cat sat")["input_ids"], skip_special_tokens=True) == "the cat sat"
+    char = train_char_level_tokenizer(["hello world"])
+    assert char.decode(char("hello")["input_ids"]) == "hello\n"  # newline ends every line, like the raw text
+    assert char.decode(char("hez")["input_ids"]) == "he<unk>\n"
+    byte = byte_level_tokenizer()
+    text = "héllo\twörld ✓"
+    ids = byte(text)["input_ids"]
+    assert ids == list(text.encode("utf-8")) + [10] and byte.decode(ids) == text + "\n" and len(byte) == 256
+
+
+@pytest.fixture(scope="module")
+def unigram():
+    lines = read_lines(DATA / "tinyshakespeare" / "input.txt")[:4000]
+    return train_unigram_tokenizer(lines, vocab_size=400)
+
+
+def test_unigram_xlnet_format_and_left_padding(unigram):
+    assert unigram.convert_ids_to_tokens(list(range(9))) == ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>",
+                                                            "<mask>", "<eod>", "<eop>"]
+    batch = unigram(["Good morrow to you, sir", "Ay"], ["What say you", "No"], padding=True)
+    for row in range(2):
+        tokens = unigram.convert_ids_to_tokens(batch["input_ids"][row])
+        types, mask = batch["token_type_ids"][row], batch["attention_mask"][row]
+        assert tokens[-1] == "<cls>" and types[-1] == 2
+        seps = [i for i, t in enumerate(tokens) if t == "<sep>"]
+        assert len(seps) == 2 and seps[1] == len(tokens) - 2
+        first = mask.index(1)
+        assert all(t == "<pad>" for t in tokens[:first]) and "<pad>" not in tokens[first:]
+        assert set(types[first:seps[0] + 1]) == {0} and set(types[seps[0] + 1:seps[1] + 1]) == {1}
+    assert batch["attention_mask"][1][0] == 0  # the shorter pair is padded on the left
+    text = "Good morrow to you"
+    assert unigram.decode(unigram(text)["input_ids"], skip_special_tokens=True) == text
+
+
+ISOLATED_LOAD = r"""
+import importlib.util, json, sys
+sys.path.append(sys.argv[1])  # site-packages without running its .pth files: the editable finder stays out
+assert importlib.util.find_spec("tokenization") is None and importlib.util.find_spec("modeling_xl") is None
+from transformers import AutoTokenizer
+out = {}
+for name, folder in json.loads(sys.argv[2]).items():
+    tok = AutoTokenizer.from_pretrained(folder)
+    if name == "unigram":
+        enc = tok("Good morrow", "to you", padding="max_length", max_length=16)
+        out[name] = [enc["input_ids"], enc["token_type_ids"]]
+    else:
+        out[name] = tok("the cat héllo")["input_ids"]
+print(json.dumps(out))
+"""
+
+
+def test_autotokenizer_loads_without_this_project(tmp_path, unigram):
+    tokenizers = {"word": train_word_level_tokenizer(["the cat sat"]), "char": train_char_level_tokenizer(["the cat"]),
+                  "byte": byte_level_tokenizer(), "unigram": unigram}
+    folders = {}
+    for name, tok in tokenizers.items():
+        tok.save_pretrained(tmp_path / name)
+        folders[name] = str(tmp_path / name)
+    site_packages = sysconfig.get_paths()["purelib"]
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", ISOLATED_LOAD, site_packages, json.dumps(folders)],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    for name in ("word", "char", "byte"):
+        assert loaded[name] == tokenizers[name]("the cat héllo")["input_ids"], name
+    enc = unigram("Good morrow", "to you", padding="max_length", max_length=16)
+    assert loaded["unigram"] == [enc["input_ids"], enc["token_type_ids"]]
+
+
+def test_vocab_list_import(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("<eos>\nthe 10\ncat 3\n<unk>\n", encoding="utf-8")
+    tok = tokenizer_from_vocab(path)
+    assert tok("the dog cat")["input_ids"] == [1, 3, 2, 0]
+    (tmp_path / "bad.txt").write_text("a\n\nb\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2 is empty"):
+        tokenizer_from_vocab(tmp_path / "bad.txt")
+
+
+class _Hostile:
+    def __reduce__(self):
+        return (Path.touch, (Path("/nonexistent-dir-xl/never-created"),))
+
+
+def test_legacy_vocab_pkl_parsed_without_unpickling(tmp_path):
+    # the shape transformers 4.35 TransfoXLTokenizer pickles: its __dict__ with Counter/OrderedDict and foreign objects
+    symbols = ["<eos>", "the", "cat", "<unk>"]
+    state = {"counter": Counter({"the": 5, "cat": 2}), "special": ["<eos>"], "min_freq": 0, "lower_case": False,
+             "idx2sym": symbols, "sym2idx": OrderedDict((s, i) for i, s in enumerate(symbols)),
+             "unk_token": "<unk>", "moses": _Hostile()}
+    for protocol in (2, 4, 5):
+        path = tmp_path / f"vocab{protocol}.pkl"
+        path.write_bytes(pickle.dumps(state, protocol=protocol))
+        parsed = read_legacy_vocab_pkl(path)  # the hostile REDUCE must stay inert
+        assert parsed["idx2sym"] == symbols and parsed["sym2idx"] == {s: i for i, s in enumerate(symbols)}
+        assert parsed["counter"] == {"the": 5, "cat": 2}
+        assert tokenizer_from_vocab(path)("the cat dog")["input_ids"] == [1, 2, 3, 0]
+    bad = tmp_path / "other.pkl"
+    bad.write_bytes(pickle.dumps({"weights": [1, 2]}))
+    with pytest.raises(ValueError, match="other.pkl has no 'idx2sym'"):
+        tokenizer_from_vocab(bad)
+
+
+def test_bad_tokenizer_input():
+    with pytest.raises(ValueError, match="no words"):
+        train_word_level_tokenizer(["", "   "])
+    with pytest.raises(ValueError, match="no characters"):
+        train_char_level_tokenizer([])
+    with pytest.raises(ValueError, match="unk_token='<unk>' is not in the vocabulary"):
+        word_level_tokenizer(["<eos>", "a"])
+
+    class Config:
+        vocab_size = 10
+
+    tok = word_level_tokenizer(["<eos>", "<unk>", "a"])
+    with pytest.raises(ValueError, match="3 tokens but config.vocab_size=10"):
+        check_vocab_matches(tok, Config())
+    check_vocab_matches(tok, Config(), allow_larger_model=True)
+    Config.vocab_size = 3
+    check_vocab_matches(tok, Config())

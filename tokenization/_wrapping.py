@@ -1,0 +1,32 @@
+"""Turn a `tokenizers.Tokenizer` into a transformers tokenizer that saves as a plain folder.
+
+The folder holds only `tokenizer.json` + `tokenizer_config.json` (class `TokenizersBackend` / `PreTrainedTokenizerFast`),
+so `AutoTokenizer.from_pretrained(dir)` loads it with nothing of this project installed.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
+
+def wrap_tokenizer(tokenizer: Tokenizer, **special_tokens) -> PreTrainedTokenizerFast:
+    """`special_tokens`: `unk_token=`, `eos_token=`, `pad_token=`, ..., `padding_side=`, `additional_special_tokens=`."""
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special_tokens)
+
+
+def check_vocab_matches(tokenizer, config, *, allow_larger_model: bool = False) -> None:
+    """Raise ValueError unless the tokenizer's vocabulary fits the model's `config.vocab_size`.
+
+    Transformer-XL's adaptive softmax partitions exactly `vocab_size` ids with `cutoffs`, so by default the sizes must be
+    equal; `allow_larger_model=True` accepts a model with unused extra rows (never a smaller one: ids would overflow).
+    """
+    tokens = len(tokenizer)
+    model = getattr(config, "vocab_size", None)
+    if model is None:
+        raise ValueError(f"config {type(config).__name__} has no vocab_size; expected a model configuration")
+    if tokens == model or (allow_larger_model and tokens < model):
+        return
+    relation = "at most" if allow_larger_model else "exactly"
+    raise ValueError(f"tokenizer vocabulary has {tokens} tokens but config.vocab_size={model}; expected {relation} "
+                     f"{model} tokens. Build the model with vocab_size={tokens} or use the tokenizer it was trained with")

@@ -1,0 +1,108 @@
+"""Word-level tokenizer as in Transformer-XL on WikiText: whitespace split, `<eos>` after every line, `<unk>`.
+
+Reference behaviour (kimiyoung/transformer-xl `pytorch/utils/vocabulary.py`): each line is stripped and split on
+whitespace, `<eos>` is appended to every line (an empty line gives just `<eos>`), the vocabulary is the special symbols
+followed by the words in decreasing frequency (ties in first-seen order, as `Counter.most_common`), keeping at most
+`max_size` words with a count >= `min_freq`. `build_vocab` reproduces that order, so ids equal the reference's ids.
+Counting runs in Arrow's C++ kernels (`utf8_split_whitespace`, `value_counts`), see `arrow_words.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+from ._wrapping import wrap_tokenizer
+from .arrow_words import as_string_array, split_words
+
+EOS, UNK = "<eos>", "<unk>"
+
+
+def count_words(lines: Iterable[str] | pa.Array, *, lowercase: bool = False) -> tuple[list[str], np.ndarray]:
+    """(words in first-seen order, their counts) over all lines; one `<eos>` per line is NOT counted here."""
+    lines = as_string_array(lines)
+    if lowercase:
+        lines = lowercase_like_tokenizers(lines)
+    words, _ = split_words(lines)
+    encoded = pc.dictionary_encode(words)  # dictionary in first-seen order
+    counts = np.bincount(encoded.indices.to_numpy(), minlength=len(encoded.dictionary))
+    return encoded.dictionary.to_pylist(), counts
+
+
+def lowercase_like_tokenizers(lines: pa.Array) -> pa.Array:
+    """Lowercase exactly as the `tokenizers` Lowercase normalizer (Arrow's kernel agrees with it on ASCII text)."""
+    if pc.all(pc.string_is_ascii(lines)).as_py() is not False:
+        return pc.utf8_lower(lines)
+    lower = normalizers.Lowercase()
+    return pa.array([None if s is None else lower.normalize_str(s) for s in lines.to_pylist()], pa.string())
+
+
+def build_vocab(words: Sequence[str], counts: Sequence[int], *, special_tokens: Sequence[str] = (EOS,),
+                unk_token: str = UNK, min_freq: int = 0, max_size: int | None = None) -> list[str]:
+    """Specials first, then words by decreasing count (stable: ties keep first-seen order); `unk_token` always present.
+
+    `max_size` caps the number of corpus words (specials not counted), as the reference's `most_common(max_size)`.
+    Example: words [b, a, c], counts [1, 2, 1], specials [<eos>] -> [<eos>, a, b, c, <unk>] (<unk> absent from corpus).
+    """
+    if min_freq < 0 or (max_size is not None and max_size < 0):
+        raise ValueError(f"min_freq={min_freq}, max_size={max_size}; expected min_freq >= 0 and max_size >= 0 or None")
+    order = np.argsort(-np.asarray(counts, dtype=np.int64), kind="stable")
+    vocab = list(dict.fromkeys(special_tokens))
+    seen = set(vocab)
+    kept = 0
+    for index in order:
+        if counts[index] < min_freq or (max_size is not None and kept >= max_size):
+            break
+        word = words[index]
+        if word not in seen:
+            vocab.append(word)
+            seen.add(word)
+            kept += 1
+    if unk_token not in seen:
+        vocab.append(unk_token)
+    return vocab
+
+
+def word_level_tokenizer(vocab: Sequence[str], *, unk_token: str = UNK, eos_token: str | None = EOS,
+                         add_eos: bool = True, lowercase: bool = False):
+    """A transformers fast tokenizer with exactly these ids (vocab[i] has id i).
+
+    `add_eos` appends `eos_token` to every encoded text (one per corpus line, as Transformer-XL).
+    """
+    if len(set(vocab)) != len(vocab):
+        raise ValueError(f"vocab has {len(vocab) - len(set(vocab))} duplicate entries; expected unique symbols")
+    if unk_token not in vocab:
+        raise ValueError(f"unk_token={unk_token!r} is not in the vocabulary; expected it among the {len(vocab)} symbols")
+    if add_eos and (eos_token is None or eos_token not in vocab):
+        raise ValueError(f"add_eos=True needs eos_token={eos_token!r} in the vocabulary")
+    ids = {symbol: i for i, symbol in enumerate(vocab)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=ids, unk_token=unk_token))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if lowercase:
+        tokenizer.normalizer = normalizers.Lowercase()
+    if add_eos:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"$A {eos_token}", pair=f"$A {eos_token} $B {eos_token}", special_tokens=[(eos_token, ids[eos_token])])
+    specials = {"unk_token": unk_token}
+    if eos_token is not None:
+        specials["eos_token"] = eos_token
+    return wrap_tokenizer(tokenizer, **specials)
+
+
+def train_word_level_tokenizer(lines: Iterable[str] | pa.Array, *, min_freq: int = 0, max_size: int | None = None,
+                               lowercase: bool = False, special_tokens: Sequence[str] = (EOS,), unk_token: str = UNK,
+                               eos_token: str = EOS, add_eos: bool = True):
+    """Count `lines` (a corpus, one text per line), build the reference-ordered vocabulary, return the tokenizer.
+
+    Lines from several splits may be chained (the reference counts train, valid and test for WikiText).
+    """
+    words, counts = count_words(lines, lowercase=lowercase)
+    if not words:
+        raise ValueError("the corpus has no words (empty or whitespace only); expected at least one non-empty line")
+    vocab = build_vocab(words, counts, special_tokens=special_tokens, unk_token=unk_token, min_freq=min_freq,
+                        max_size=max_size)
+    return word_level_tokenizer(vocab, unk_token=unk_token, eos_token=eos_token, add_eos=add_eos, lowercase=lowercase)
