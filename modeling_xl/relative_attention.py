@@ -117,6 +117,65 @@ def attend(
     return torch.matmul(probs_dropped, value), (probs if output_attentions else None)
 
 
+class FusedRelativeAttention(torch.autograd.Function):
+    """softmax(((q + u) . k + rel_shift((q + v) . r)) / sqrt(D), masked) @ value as one autograd node, for training.
+
+    Same result as `position_scores` + `attend`, but only the probabilities [B, H, T, K] (and the dropout keep-mask)
+    are saved for backward; the scaled, shifted and masked scores are built in place. Autograd through the separate
+    ops keeps several [B, H, T, K] tensors alive, and on CPU SDPA falls back to its unfused math path in training;
+    this is where both the step time and the peak memory of long segments go (benchmarks/README.md).
+    Backward (the standard softmax-attention gradient): dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)) /
+    sqrt(D) (zero where masked); the content part gives dq_u = dS k, dk = dS^T q_u; the position part is dS shifted
+    back into the table (the inverse of `rel_shift`: every visible entry has one source) giving dq_v and dr.
+    Inputs: q_u, q_v [B, H, T, D]; key, value [B, H, K, D]; r [H, R, D]; mask bool broadcastable to [B, H, T, K].
+    """
+
+    @staticmethod
+    def forward(ctx, q_u, q_v, key, value, r, mask, shift: int, dropout_p: float):
+        klen, scale = key.size(2), 1.0 / math.sqrt(q_u.size(-1))
+        scores = torch.matmul(q_u, key.transpose(-1, -2))  # [B, H, T, K]
+        scores += rel_shift(torch.matmul(q_v, r.transpose(-1, -2)), klen, shift)  # + [B, H, T, R] shifted
+        scores *= scale
+        scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1)
+        del scores
+        keep = None
+        if dropout_p > 0:
+            keep = torch.rand_like(probs) >= dropout_p
+            out = torch.matmul(probs * keep / (1 - dropout_p), value)
+        else:
+            out = torch.matmul(probs, value)
+        ctx.save_for_backward(q_u, q_v, key, value, r, mask, probs, keep)
+        ctx.shift, ctx.dropout_p, ctx.scale = shift, dropout_p, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q_u, q_v, key, value, r, mask, probs, keep = ctx.saved_tensors
+        p = ctx.dropout_p
+        grad_out = grad_out.contiguous()
+        dropped = probs if keep is None else probs * keep / (1 - p)
+        grad_value = torch.matmul(dropped.transpose(-1, -2), grad_out)
+        del dropped
+        grad_probs = torch.matmul(grad_out, value.transpose(-1, -2))  # [B, H, T, K]
+        if keep is not None:
+            grad_probs.mul_(keep).div_(1 - p)
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        del grad_probs
+        grad_scores.mul_(ctx.scale).masked_fill_(mask, 0.0)
+        grad_q_u = torch.matmul(grad_scores, key)
+        grad_key = torch.matmul(grad_scores.transpose(-1, -2), q_u)
+        *lead, qlen, klen = grad_scores.shape
+        rlen = r.size(1)
+        padded = grad_scores.new_zeros(*lead, qlen, rlen + 1)  # the inverse of rel_shift's pad + view
+        padded.flatten(-2)[..., ctx.shift : ctx.shift + qlen * rlen].view(*lead, qlen, rlen)[..., :klen] = grad_scores
+        del grad_scores
+        grad_bd = padded[..., :rlen]  # [B, H, T, R]
+        grad_q_v = torch.matmul(grad_bd, r)
+        grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v).sum(0)  # [H, R, D]
+        return grad_q_u, grad_q_v, grad_key, grad_value, grad_r, None, None, None
+
+
 class RelativeMultiHeadAttention(nn.Module):
     """Transformer-XL attention sublayer with its residual connection and LayerNorm (pre- or post-norm).
 
@@ -185,8 +244,13 @@ class RelativeMultiHeadAttention(nn.Module):
         r_r_bias = self.r_r_bias if r_r_bias is None else r_r_bias
         q, k, v = self.project(h, mem)
         klen = k.size(2)
-        bd = self.position_scores(q, pos_emb, r_r_bias, klen, shift=h.size(1) - 1)
         dropout_p = self.dropatt if self.training else 0.0
+        if torch.is_grad_enabled() and not output_attentions and attn_mask is not None:
+            r = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)  # [H, R, D]
+            attn_vec = FusedRelativeAttention.apply(q + r_w_bias[:, None], q + r_r_bias[:, None], k, v, r,
+                                                    attn_mask, h.size(1) - 1, dropout_p)
+            return self.merge(h, attn_vec), None
+        bd = self.position_scores(q, pos_emb, r_r_bias, klen, shift=h.size(1) - 1)
         attn_vec, probs = attend(q + r_w_bias[:, None], k, v, bd, attn_mask, dropout_p, self.use_sdpa,
                                  output_attentions)
         return self.merge(h, attn_vec), probs

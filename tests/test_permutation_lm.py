@@ -355,3 +355,38 @@ def test_tiny_model_trained_on_wikitext2_lowers_its_permutation_lm_loss(shared_d
           f"({time.perf_counter() - start:.1f} s)")
     assert abs(losses[0] - math.log(2003)) < 0.3  # uniform over the vocabulary at initialisation
     assert last < first - 0.5 and last < losses[0] - 1.5
+
+
+REMOTE = """
+import sys, torch
+sys.modules["modeling_xl"] = None  # the code must come from the saved folder
+from transformers import AutoModel, AutoModelForPreTraining
+path, inputs = sys.argv[1], torch.load(sys.argv[2], weights_only=True)
+lm = AutoModelForPreTraining.from_pretrained(path, trust_remote_code=True).eval()
+assert type(lm).__module__.startswith("transformers_modules"), type(lm).__module__
+base = AutoModel.from_pretrained(path, trust_remote_code=True).eval()
+assert type(base).__name__ == "TransformerXLPermutationModel", type(base)
+torch.save({"logits": lm(**inputs).logits, "hidden": base(**inputs).last_hidden_state}, sys.argv[3])
+"""
+
+
+def test_remote_code_loading_in_fresh_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    model = plm_model(bi_data=True)
+    model.save_pretrained(tmp_path / "ckpt")
+    x = torch.randint(0, V, (2, 8))
+    perm_mask, target_mapping = order_masks(torch.stack([torch.randperm(8) for _ in range(2)]), 3)
+    inputs = dict(input_ids=x, perm_mask=perm_mask, target_mapping=target_mapping)
+    torch.save(inputs, tmp_path / "inputs.pt")
+    (tmp_path / "remote.py").write_text(REMOTE)
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(tmp_path / "remote.py"), str(tmp_path / "ckpt"),
+                           str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(tmp_path / "out.pt", weights_only=True)
+    torch.testing.assert_close(got["logits"], model(**inputs).logits)
+    torch.testing.assert_close(got["hidden"], model.transformer(**inputs).last_hidden_state)

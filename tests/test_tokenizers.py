@@ -214,3 +214,26 @@ def test_bad_tokenizer_input():
     check_vocab_matches(tok, Config(), allow_larger_model=True)
     Config.vocab_size = 3
     check_vocab_matches(tok, Config())
+
+
+def test_train_tokenizer_script_and_real_config(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_tokenizer", Path(__file__).parents[1] / "scripts" /
+                                                  "train_tokenizer.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat\non the mat\n\nthe end\n", encoding="utf-8")
+    script.main(["--corpus", str(corpus), "--kind", "word", "--output", str(tmp_path / "tok"),
+                 "--cache-dir", str(tmp_path / "cache")])
+    from transformers import AutoTokenizer
+
+    from modeling_xl import TransformerXLConfig
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert tok.convert_ids_to_tokens(tok("the cat")["input_ids"]) == ["the", "cat", "<eos>"]
+    config = TransformerXLConfig.from_preset("debug", vocab_size=len(tok), cutoffs=[])
+    check_vocab_matches(tok, config)
+    with pytest.raises(ValueError, match=f"config.vocab_size={len(tok) + 1}"):
+        check_vocab_matches(tok, TransformerXLConfig.from_preset("debug", vocab_size=len(tok) + 1, cutoffs=[]))

@@ -145,10 +145,48 @@ def test_run_with_push_to_hub_uploads_the_final_folder(tmp_path):
             mock.patch.object(hf_api.HfApi, "_validate_yaml", return_value=None), \
             mock.patch.object(hf_api, "is_xet_available", return_value=False):
         results = run_pretraining(debug_args(out, "--checkpointing_steps", "6", "--push_to_hub", "--hub_model_id",
-                                             "someone/tiny-xl", "--hub_token", "hf_fake"), builder)
+                                             "someone/tiny-xl", "--hub_token", "hf_fake", "--with_tracking"), builder)
     local = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert uploaded == [f for f in local if not f.startswith("checkpoints/")]
     assert {"model.safetensors", "config.json", "modeling_transformer_xl.py", "tokenizer.json", "README.md",
             "training_config.yaml", "loss_curve.png", "eval_results.json", "train_log.jsonl"} <= set(uploaded)
+    assert any(f.startswith("runs/") and "tfevents" in f for f in uploaded)  # TensorBoard logs of --with_tracking
     card = (out / "README.md").read_text()
     assert f"value: {round(results['bpc'], 4)}" in card and "name: tiny-xl" in card
+
+
+# ---------------------------------------------------------------- the real data pipeline, through the script
+
+def run_script(argv):
+    return load_script().main([*argv, "--disable_tqdm"])
+
+
+def eval_history(out):
+    return json.loads((out / "eval_results.json").read_text())["history"]
+
+
+def test_script_on_a_char_level_text_file_reports_bpc(tmp_path):
+    corpus = tmp_path / "shakespeare.txt"
+    corpus.write_text(CORPUS.read_text()[:40_000])
+    out = tmp_path / "out"
+    assert run_script(["--preset", "debug", "--train_file", str(corpus), "--tokenizer_type", "char",
+                       "--max_train_steps", "30", "--learning_rate", "1e-2", "--train_batch_size", "8",
+                       "--tgt_len", "32", "--eval_tgt_len", "32", "--output_dir", str(out)]) == 0
+    history = eval_history(out)
+    assert history[0]["step"] == 0 and history[-1]["step"] == 30
+    assert history[-1]["bpc"] < history[0]["bpc"] - 0.5  # it learns character statistics
+    config = json.loads((out / "training_config.json").read_text())
+    assert config["tokenizer_type"] == "char" and config["resolved_batch"]["train_batch_size"] == 8
+
+
+def test_plm_objective_trains_on_wikitext2(tmp_path, shared_data):
+    out = tmp_path / "plm"
+    assert run_script(["--objective", "plm", "--preset", "debug", "--dataset_name", str(shared_data / "wikitext-2"),
+                       "--tgt_len", "16", "--mem_len", "8", "--max_train_steps", "40", "--learning_rate", "1e-2",
+                       "--eval_steps", "20", "--max_eval_segments", "10", "--output_dir", str(out)]) == 0
+    history = eval_history(out)
+    assert [h["step"] for h in history] == [0, 20, 40]
+    assert history[-1]["eval_loss"] < history[0]["eval_loss"] - 0.5
+    config = json.loads((out / "config.json").read_text())
+    assert config["attn_type"] == "bi" and config["reuse_len"] == 8
+    assert config["auto_map"]["AutoModelForPreTraining"].endswith("TransformerXLForPermutationLM")

@@ -1,4 +1,4 @@
-"""Unit tests of the training library: arguments, streams, accumulation maths, evaluation maths, checkpoints, Hub."""
+"""Unit tests of the training library: arguments, batches, accumulation maths, evaluation maths, checkpoints, Hub."""
 
 import math
 from pathlib import Path
@@ -13,7 +13,7 @@ from modeling_xl.training.arguments import parse_args, processes_split
 from modeling_xl.training.checkpointing import list_checkpoints, resolve_checkpoint, save_checkpoint
 from modeling_xl.training.evaluation import bits_per_character, perplexity, recurrence_settings
 from modeling_xl.training.publishing import HubUploadError, push_folder, upload_file_list
-from modeling_xl.training.streams import RankStreams, stream_rows
+from modeling_xl.training.data import data_from_tokens
 
 
 # ---------------------------------------------------------------- arguments
@@ -65,35 +65,40 @@ def test_unwritable_output_dir_is_reported(tmp_path):
         arguments_module.check_output_dir(str(blocker / "out"))
 
 
-# ---------------------------------------------------------------- streams
+# ---------------------------------------------------------------- the loop's view of the streams
 
-def test_stream_rows_docstring_example():
-    inputs, targets = stream_rows(torch.arange(11), rows=2)
-    assert inputs.tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
-    assert targets.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]
+class _Tokenizer:
+    def __len__(self):
+        return 50
 
-
-def test_rank_rows_continue_and_cover_the_single_process_batch():
-    tokens = torch.randint(0, 50, (1000,))
-    whole = RankStreams(tokens, num_streams=4, tgt_len=5)
-    ranks = [RankStreams(tokens, num_streams=4, tgt_len=5, num_processes=2, process_index=r) for r in range(2)]
-    for step in range(6):
-        joined = torch.cat([r.batch(step)["input_ids"] for r in ranks])
-        assert torch.equal(joined, whole.batch(step)["input_ids"])
-        now, after = ranks[1].batch(step), ranks[1].batch(step + 1)
-        # row b of step t+1 starts with the target of row b's last position at step t
-        assert torch.equal(after["input_ids"][:, 0], now["next_token_labels"][:, -1])
-    # naive reference: row b of the stream is tokens[b*n:(b+1)*n]
-    n = 999 // 4
-    assert torch.equal(whole.batch(3)["input_ids"][2], tokens[2 * n + 15: 2 * n + 20])
+    def get_vocab(self):
+        return {str(i): i for i in range(50)}
 
 
-def test_evaluation_streams_score_every_token_once():
-    tokens = torch.arange(1, 24)  # 23 tokens, 22 targets
-    streams = RankStreams(tokens, num_streams=3, tgt_len=4, pad=True)
-    targets = torch.cat([b["next_token_labels"].reshape(-1) for b in streams])
-    kept = targets[targets != -100]
-    assert sorted(kept.tolist()) == list(range(2, 24))
+def test_train_batches_wrap_epochs_and_keep_each_rank_on_its_rows():
+    tokens = torch.randint(0, 50, (331,))
+    whole = data_from_tokens(_Tokenizer(), tokens, tokens[:60], num_streams=4, tgt_len=8, eval_tgt_len=8)
+    ranks = [data_from_tokens(_Tokenizer(), tokens, tokens[:60], num_streams=4, tgt_len=8, eval_tgt_len=8,
+                              num_processes=2, process_index=r) for r in range(2)]
+    per_epoch = len(whole.train)  # (331 - 1) // 4 = 82 tokens per row -> 10 segments
+    assert per_epoch == 10
+    seen = list(whole.train_batches(8, 13, "cpu"))
+    assert [step for step, _ in seen] == [8, 9, 10, 11, 12]
+    assert [batch["new_epoch"] for _, batch in seen] == [False, False, True, False, False]
+    assert torch.equal(seen[2][1]["input_ids"], whole.train.batch(0)["input_ids"])
+    for step in (0, 3, 11):
+        joined = torch.cat([next(r.train_batches(step, step + 1, "cpu"))[1]["input_ids"] for r in ranks])
+        assert torch.equal(joined, next(whole.train_batches(step, step + 1, "cpu"))[1]["input_ids"])
+    # row b of step t + 1 continues row b of step t (naive reference: row b is tokens[b * 82:(b + 1) * 82])
+    (_, now), (_, after) = list(whole.train_batches(3, 5, "cpu"))
+    assert torch.equal(after["input_ids"][:, 0], now["next_token_labels"][:, -1])
+    assert torch.equal(now["input_ids"][2], tokens[2 * 82 + 24: 2 * 82 + 32])
+
+
+def test_token_ids_outside_the_tokenizer_are_rejected():
+    with pytest.raises(ValueError, match=r"training token ids reach 77, outside the tokenizer's vocabulary of 50"):
+        data_from_tokens(_Tokenizer(), torch.tensor([1, 77] * 40), torch.arange(20), num_streams=2, tgt_len=4,
+                         eval_tgt_len=4)
 
 
 # ---------------------------------------------------------------- accumulation and evaluation maths

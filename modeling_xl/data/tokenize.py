@@ -38,7 +38,12 @@ def tokenize_corpus(corpus: datasets.DatasetDict | dict, tokenizer, *, text_colu
 def tokenize_split(data: datasets.Dataset, tokenizer, *, text_column: str = "text", num_proc: int | None = None,
                    batch_size: int = 2000, load_from_cache_file: bool = True, plan=None,
                    split: str = "data") -> np.ndarray:
-    """One split -> flat int32 ids (a zero-copy view of the cached Arrow file when it is a single chunk)."""
+    """One split -> flat int32 ids (a zero-copy view of the cached Arrow file when it is a single chunk).
+
+    `plan`: the word-level fast-path plan, computed from the tokenizer when not given (None if it does not apply).
+    """
+    if plan is None:
+        plan = WordLevelPlan.from_tokenizer(tokenizer)
     if text_column not in data.column_names:
         raise ValueError(f"split {split!r} has columns {data.column_names}; expected a text column {text_column!r}")
     if num_proc is None:

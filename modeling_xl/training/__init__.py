@@ -7,14 +7,12 @@ from .evaluation import bits_per_character, evaluate_causal_lm, perplexity
 from .loop import run_pretraining
 from .publishing import HubUploadError, push_folder, upload_file_list
 from .steps import NonFiniteLossError, train_step
-from .streams import RankStreams, stream_rows
 
 __all__ = [
     "PretrainArguments",
     "PretrainData",
     "HubUploadError",
     "NonFiniteLossError",
-    "RankStreams",
     "bits_per_character",
     "build_parser",
     "data_from_tokens",
@@ -27,7 +25,6 @@ __all__ = [
     "resolve",
     "resolve_checkpoint",
     "run_pretraining",
-    "stream_rows",
     "train_step",
     "upload_file_list",
 ]

@@ -1,5 +1,5 @@
 """`build_data(args, ...)`: corpus (modeling_xl.data.corpora) -> tokenizer (tokenization/) -> token streams
-(modeling_xl.data.tokenize) -> this process's rows (training.streams / training.plm).
+(modeling_xl.data.tokenize) -> this process's rows (modeling_xl.data.streams, or training.plm).
 
 Every failure here (missing file or dataset, undecodable text, empty corpus, too few tokens for the streams) happens
 before the model is built, so bad input costs seconds, not a training run.

@@ -7,23 +7,31 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .streams import RankStreams
+from ..data.streams import EvalStreams, OrderedStreams
 
 
 @dataclass
 class PretrainData:
-    """Everything the loop reads. `train` / `validation` hold only this process's rows."""
+    """Everything the loop reads. `train` / `validation` hold only this process's rows.
+
+    `train` has `len()` (segments per epoch) and `batch(index)` (random access, e.g. `OrderedStreams`), so the batch
+    of step t is a pure function of t: resuming needs only the step. `validation` is iterable (e.g. `EvalStreams`).
+    """
 
     tokenizer: object
-    train: RankStreams
-    validation: RankStreams
+    train: OrderedStreams
+    validation: EvalStreams
     info: dict = field(default_factory=dict)  # dataset_name, description, train_tokens, eval_tokens, char_level, ...
 
     def train_batches(self, start_step: int, max_steps: int, device):
-        """(step, batch on device) for step in [start_step, max_steps): batch t is a pure function of t."""
+        """(step, batch on device) for step in [start_step, max_steps). Passes over the corpus repeat in order;
+        `batch["new_epoch"]` is True at the first segment of each pass (the memories must then be dropped)."""
         for step in range(start_step, max_steps):
-            batch = self.train.batch(step)
-            yield step, {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+            epoch, index = divmod(step, len(self.train))
+            if hasattr(self.train, "set_epoch"):  # samplers that draw afresh every epoch (permutation LM)
+                self.train.set_epoch(epoch)
+            batch = {k: v.to(device) for k, v in self.train.batch(index).items()}
+            yield step, {**batch, "new_epoch": index == 0}
 
     def validation_batches(self, device):
         for batch in self.validation:
@@ -44,7 +52,7 @@ def data_from_tokens(tokenizer, train_ids, valid_ids, *, num_streams: int, tgt_l
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             raise ValueError(f"the {name} token ids reach {int(ids.max())}, outside the tokenizer's vocabulary of "
                              f"{vocab}; expected ids produced by the same tokenizer")
-    train = RankStreams(train_ids, num_streams, tgt_len, num_processes, process_index)
-    validation = RankStreams(valid_ids, num_streams, eval_tgt_len, num_processes, process_index, pad=True)
+    train = OrderedStreams(train_ids, num_streams, tgt_len, rank=process_index, world_size=num_processes)
+    validation = EvalStreams(valid_ids, num_streams, eval_tgt_len, rank=process_index, world_size=num_processes)
     facts = {"train_tokens": len(train_ids), "eval_tokens": len(valid_ids), **(info or {})}
     return PretrainData(tokenizer, train, validation, facts)

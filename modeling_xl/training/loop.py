@@ -12,14 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 
 from .arguments import PretrainArguments, check_output_dir, processes_split, save_resolved
 from .checkpointing import check_compatible, load_checkpoint, resolve_checkpoint, save_checkpoint
 from .data import PretrainData, tokenizer_vocab_size
-from .evaluation import evaluate_causal_lm
 from .feedback import LOG_FILE, PLOT_FILE, Progress, StepLog, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
 from .objectives import objective_for

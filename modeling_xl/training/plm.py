@@ -66,18 +66,21 @@ class PLMStreams:
         share = num_streams // num_processes
         self.rows = slice(process_index * share, (process_index + 1) * share)
 
-    def batch(self, step: int) -> dict:
-        epoch, position = divmod(step, self.steps_per_epoch)
+    def __len__(self) -> int:
+        """Steps per epoch."""
+        return self.steps_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Targets and permutations are drawn afresh every epoch (as the original's online parser)."""
         self.collator.set_epoch(epoch)
-        first = position * self.num_streams
-        examples = [self.dataset[first + i] for i in range(self.rows.start, self.rows.stop)]
-        return {**self.collator(examples), "new_epoch": position == 0}
+
+    def batch(self, index: int) -> dict:
+        first = index * self.num_streams
+        return self.collator([self.dataset[first + i] for i in range(self.rows.start, self.rows.stop)])
 
     def __iter__(self):
-        for step in range(self.steps_per_epoch):
-            batch = self.batch(step)
-            batch.pop("new_epoch")
-            yield batch
+        for index in range(self.steps_per_epoch):
+            yield self.batch(index)
 
 
 def plm_step(model, batch: dict, mems):

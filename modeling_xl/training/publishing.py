@@ -60,6 +60,8 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
         raise FileNotFoundError(f"model card template {path} is missing; expected the repository's model_cards/ folder")
     dataset = data_info.get("dataset_name", "custom")
     metric_type, metric_name = ("bpc", "Bits per character") if "bpc" in results else ("perplexity", "Perplexity")
+    if args.objective == "plm":  # exp(NLL per predicted token) under the permutation objective, not a causal LM's
+        metric_name = "Permutation-LM perplexity"
     eval_results = [
         EvalResult(task_type="text-generation", task_name="Language modeling", dataset_type=dataset,
                    dataset_name=data_info.get("dataset_pretty_name", dataset), dataset_split="validation",
@@ -80,7 +82,7 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
                         ("processes", data_info.get("num_processes", 1))]
     shown = [(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in results.items()]
     return ModelCard.from_template(
-        card_data, template_path=str(path), model_name=repo_id.split("/")[-1], repo_id=repo_id,
+        card_data, template_path=str(path), model_name=repo_id.split("/")[-1], repo_id=repo_id, objective=args.objective,
         architecture=f"Transformer-XL ({args.preset} preset)",
         objective_name="causal LM" if args.objective == "clm" else "XLNet-style permutation LM",
         wall_time=f"{wall_time_s / 60:.1f} minutes", hardware=hardware,

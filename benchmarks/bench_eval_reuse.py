@@ -1,0 +1,103 @@
+"""Evaluation with state reuse vs the vanilla sliding window, at a context of 640 tokens (Dai et al. 2019, Sec. 4.3).
+
+State reuse: our causal LM reads the stream in segments of `--tgt-len` tokens with `mem_len = 640` and
+`same_length=True`, so every prediction attends to exactly 640 keys; the memory is carried from segment to segment.
+Vanilla (Al-Rfou et al. 2019): the same model without memory slides a 640-token window one token at a time and predicts
+only the window's last token (`logits_to_keep=1`): one full forward per predicted token.
+
+Time per predicted token: state reuse = median segment time / tgt_len; vanilla = median time of one window forward.
+Every vanilla forward has the same shapes whatever the position, so it is timed on `--vanilla-positions` consecutive
+positions and that median per-token time stands for every position of the stream (the extrapolation). Both sides
+run in this process, interleaved round by round, on the same WikiText-2 tokens, batch 1, float32, 2 threads.
+
+    python benchmarks/bench_eval_reuse.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_table, set_threads, word_level_ids, write_json  # noqa: E402
+
+CONTEXT = 640
+# The `wide` model of bench_causal_lm (WT103-like width, 6 layers, 30k adaptive vocabulary), evaluation settings.
+MODEL = dict(vocab_size=30000, d_model=512, d_embed=512, n_layer=6, n_head=8, d_head=64, d_inner=2048,
+             cutoffs=[5000, 15000], div_val=1, mem_len=CONTEXT, clamp_len=-1, same_length=True, dropout=0.0,
+             dropatt=0.0)
+
+
+def reuse_segment_times(model, ids: torch.Tensor, tgt_len: int, n_segments: int) -> list[float]:
+    """Fill the memory with CONTEXT tokens, then time `n_segments` segments (inputs and next-token targets)."""
+    mems = None
+    with torch.no_grad():
+        for start in range(0, CONTEXT, tgt_len):
+            mems = model(input_ids=ids[None, start : start + tgt_len], mems=mems).mems
+        times = []
+        for s in range(n_segments):
+            start = CONTEXT + s * tgt_len
+            x = ids[None, start : start + tgt_len]
+            y = ids[None, start + 1 : start + tgt_len + 1]
+            begin = time.perf_counter()
+            mems = model(input_ids=x, mems=mems, next_token_labels=y).mems
+            times.append(time.perf_counter() - begin)
+    return times
+
+
+def vanilla_token_times(model, ids: torch.Tensor, n_positions: int, offset: int) -> list[float]:
+    """One forward over the CONTEXT tokens before each position, no memory, log-probs of the last token only."""
+    times = []
+    with torch.no_grad():
+        for p in range(offset, offset + n_positions):
+            window = ids[None, p - CONTEXT : p]
+            begin = time.perf_counter()
+            logp = model(input_ids=window, mems=None, logits_to_keep=1).logits[0, -1]
+            float(-logp[ids[p]])  # the prediction's NLL, as an evaluation would accumulate it
+            times.append(time.perf_counter() - begin)
+    return times
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tgt-len", type=int, default=64, help="segment length of the state-reuse evaluation")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds")
+    parser.add_argument("--segments", type=int, default=4, help="segments timed per round (state reuse)")
+    parser.add_argument("--vanilla-positions", type=int, default=4, help="positions timed per round (vanilla)")
+    parser.add_argument("--output", default="benchmarks/results/eval_reuse.json")
+    args = parser.parse_args(argv)
+    from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+
+    set_threads()
+    torch.manual_seed(0)
+    model = TransformerXLForCausalLM(TransformerXLConfig(**MODEL)).eval()
+    ids = word_level_ids(MODEL["vocab_size"], max_tokens=CONTEXT * 4 + args.tgt_len * args.segments + 1)
+    reuse, vanilla = [], []
+    vanilla_token_times(model, ids, 1, CONTEXT)  # warm-up of both paths
+    reuse_segment_times(model, ids, args.tgt_len, 1)
+    for r in range(args.rounds):
+        reuse += [t / args.tgt_len for t in reuse_segment_times(model, ids, args.tgt_len, args.segments)]
+        vanilla += vanilla_token_times(model, ids, args.vanilla_positions, CONTEXT + r * args.vanilla_positions)
+    reuse_tok, vanilla_tok = statistics.median(reuse), statistics.median(vanilla)
+    ratio = vanilla_tok / reuse_tok
+    table = print_table(
+        ["method", "ms / predicted token", "measured predictions"],
+        [[f"state reuse (tgt_len {args.tgt_len}, mem_len {CONTEXT})", reuse_tok * 1e3,
+          len(reuse) * args.tgt_len],
+         [f"vanilla sliding window ({CONTEXT})", vanilla_tok * 1e3, len(vanilla)],
+         ["speed-up", f"{ratio:.0f}x (target >= 300x; paper 363x at 800)", ""]],
+    )
+    result = {"model": MODEL, "context": CONTEXT, "tgt_len": args.tgt_len, "reuse_s_per_token": reuse_tok,
+              "vanilla_s_per_token": vanilla_tok, "speedup": ratio, "reuse_raw": reuse, "vanilla_raw": vanilla,
+              "table": table}
+    write_json(args.output, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Permutation-LM training: our TransformerXLForPermutationLM vs transformers 5 `XLNetLMHeadModel`, same work.
+
+Same weights (an XLNetLMHeadModel is created with a seed and converted with `TransformerXLForPermutationLM.from_xlnet`),
+same batches (WikiText-2 word ids laid out as `reuse ++ A <sep> B <sep> <cls>`, targets and permutations from the
+project's sampler `modeling_xl.data.plm_sampling.PLMCollator`: identical perm_mask / target_mapping / labels for both),
+memory carried on both sides (`mem_len`, `reuse_len`; XLNet with `use_mems_train=True`), float32, 2 threads.
+Training step = forward + backward + Adam. Both models live in this process and alternate round by round.
+
+    python benchmarks/bench_plm.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_table, set_threads, word_level_ids, write_json  # noqa: E402
+
+# XLNet-base shape cut to 2 cores: 6 layers of width 512, sequences of 128 (reuse 64), memory 96, 21 predictions.
+XLNET = dict(vocab_size=16000, d_model=512, n_layer=6, n_head=8, d_inner=2048, ff_activation="gelu",
+             untie_r=True, attn_type="bi", mem_len=96, reuse_len=64, dropout=0.1, bi_data=False, use_mems_train=True)
+BATCH, SEQ_LEN, REUSE_LEN, NUM_PREDICT, PERM_SIZE = 4, 128, 64, 21, 64
+
+
+def plm_batches(n_steps: int, vocab_size: int) -> list[dict]:
+    """Consecutive batches whose reuse halves continue each other row by row, collated by the project's sampler."""
+    from modeling_xl.data.plm_sampling import PLMCollator, PLMSamplingConfig
+
+    sep_id, cls_id = vocab_size - 2, vocab_size - 1
+    per_row = (n_steps + 1) * SEQ_LEN
+    ids = word_level_ids(vocab_size - 2, max_tokens=BATCH * per_row).view(BATCH, -1)
+    collator = PLMCollator(PLMSamplingConfig(sep_id=sep_id, cls_id=cls_id, seq_len=SEQ_LEN, reuse_len=REUSE_LEN,
+                                             num_predict=NUM_PREDICT, perm_size=PERM_SIZE))
+    a_len = (SEQ_LEN - REUSE_LEN - 3) // 2
+    b_len = SEQ_LEN - REUSE_LEN - 3 - a_len
+    batches = []
+    for step in range(n_steps):
+        examples = []
+        for row in range(BATCH):
+            reuse = ids[row, step * REUSE_LEN : (step + 1) * REUSE_LEN]
+            rest = ids[row, per_row // 2 + step * (a_len + b_len) :][: a_len + b_len]
+            sample = torch.cat([reuse, rest[:a_len], torch.tensor([sep_id]), rest[a_len:], torch.tensor([sep_id, cls_id])])
+            types = torch.tensor([0] * (REUSE_LEN + a_len + 1) + [1] * (b_len + 1) + [2])
+            examples.append({"input_ids": sample.numpy(), "token_type_ids": types.numpy(),
+                             "example_id": step * BATCH + row})
+        batches.append(collator(examples))
+    return batches
+
+
+def step_ours(model, batch, state):
+    out = model(input_ids=batch["input_ids"], perm_mask=batch["perm_mask"], target_mapping=batch["target_mapping"],
+                token_type_ids=batch["token_type_ids"], mems=state.get("mems"), labels=batch["labels"],
+                target_mask=batch["target_mask"], reuse_len=REUSE_LEN)
+    state["mems"] = out.mems
+    return out.loss
+
+
+def step_xlnet(model, batch, state):
+    """transformers' XLNet: mean cross-entropy over the predictions (every sample has NUM_PREDICT real targets, so
+    this equals our target_mask-weighted mean)."""
+    out = model(input_ids=batch["input_ids"], perm_mask=batch["perm_mask"], target_mapping=batch["target_mapping"],
+                token_type_ids=batch["token_type_ids"], mems=state.get("mems"), labels=batch["labels"])
+    state["mems"] = out.mems
+    return out.loss
+
+
+def timed_steps(model, step_fn, batches, state, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        batch = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        begin = time.perf_counter()
+        loss = step_fn(model, batch, state)
+        loss.backward()
+        state["opt"].step()
+        state["opt"].zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - begin)
+    return times
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3, help="training steps timed per round and side")
+    parser.add_argument("--output", default="benchmarks/results/plm.json")
+    args = parser.parse_args(argv)
+    from transformers import XLNetConfig, XLNetLMHeadModel
+
+    from modeling_xl.modeling_permutation_lm import TransformerXLForPermutationLM
+
+    set_threads()
+    torch.manual_seed(1234)
+    xlnet = XLNetLMHeadModel(XLNetConfig(**XLNET)).train()
+    ours = TransformerXLForPermutationLM.from_xlnet(xlnet).train()
+    batches = plm_batches(8, XLNET["vocab_size"])
+    sides = {
+        "ours": (ours, step_ours, {"i": 0, "opt": torch.optim.Adam(ours.parameters(), lr=1e-4)}),
+        "xlnet": (xlnet, step_xlnet, {"i": 0, "opt": torch.optim.Adam(xlnet.parameters(), lr=1e-4)}),
+    }
+    # Same weights, same batch: the first losses must agree (dropout off for this check only).
+    with torch.no_grad():
+        ours.eval(), xlnet.eval()
+        check = {name: float(fn(model, batches[0], {})) for name, (model, fn, _) in sides.items()}
+        ours.train(), xlnet.train()
+    times = {name: [] for name in sides}
+    for name, (model, fn, state) in sides.items():
+        timed_steps(model, fn, batches, state, 2)  # warm-up; fills the memory
+    for _ in range(args.rounds):
+        for name, (model, fn, state) in sides.items():
+            times[name] += timed_steps(model, fn, batches, state, args.steps)
+    tokens = BATCH * SEQ_LEN
+    tps = {name: tokens / statistics.median(t) for name, t in times.items()}
+    ratio = tps["ours"] / tps["xlnet"]
+    table = print_table(
+        ["model", "training tokens/s", "step s (median)", "eval loss, batch 0"],
+        [[name, tps[name], statistics.median(times[name]), check[name]] for name in sides]
+        + [["ours / xlnet", f"{ratio:.2f}x (target >= 2x)", "", ""]],
+    )
+    result = {"xlnet_config": XLNET, "batch": BATCH, "seq_len": SEQ_LEN, "reuse_len": REUSE_LEN,
+              "num_predict": NUM_PREDICT, "tokens_per_s": tps, "ratio": ratio, "step_times": times,
+              "loss_check": check, "table": table}
+    write_json(args.output, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

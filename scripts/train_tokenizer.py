@@ -1,0 +1,65 @@
+"""Train a tokenizer on a corpus and save it as a folder that `AutoTokenizer.from_pretrained(dir)` loads.
+
+Examples:
+  python scripts/train_tokenizer.py --corpus ../shared/data/wikitext-2 --kind word --output out/wt2-tokenizer
+  python scripts/train_tokenizer.py --corpus builtin --kind unigram --vocab-size 8000 --output out/unigram
+  python scripts/train_tokenizer.py --corpus wikitext --config wikitext-103-raw-v1 --kind word --min-freq 3 ...
+  python scripts/train_tokenizer.py --vocab-file legacy/vocab.pkl --output out/imported   (no training)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from modeling_xl.data.corpora import load_corpus
+from tokenization import (byte_level_tokenizer, tokenizer_from_vocab, train_char_level_tokenizer,
+                          train_unigram_tokenizer, train_word_level_tokenizer)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", default="builtin", help="Hub name, local file/folder, or 'builtin'")
+    parser.add_argument("--config", default=None, help="Hub dataset config, e.g. wikitext-103-raw-v1")
+    parser.add_argument("--text-column", default="text")
+    parser.add_argument("--kind", choices=("word", "char", "byte", "unigram"), default="word")
+    parser.add_argument("--vocab-file", default=None, help="import a vocab.txt list or legacy vocab.pkl instead")
+    parser.add_argument("--min-freq", type=int, default=0)
+    parser.add_argument("--max-size", type=int, default=None, help="word level: most frequent words kept")
+    parser.add_argument("--vocab-size", type=int, default=8000, help="unigram vocabulary size")
+    parser.add_argument("--lowercase", action="store_true")
+    parser.add_argument("--all-splits", action="store_true", help="count every split (Transformer-XL on WikiText)")
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--output", required=True)
+    return parser.parse_args(argv)
+
+
+def build_tokenizer(args: argparse.Namespace):
+    if args.vocab_file:
+        return tokenizer_from_vocab(args.vocab_file, lowercase=args.lowercase or None)
+    if args.kind == "byte":
+        return byte_level_tokenizer()
+    corpus = load_corpus(args.corpus, args.config, text_column=args.text_column, cache_dir=args.cache_dir)
+    splits = list(corpus) if args.all_splits else ["train"]
+    lines = [line for split in splits for line in corpus[split][args.text_column] if line is not None]
+    if args.kind == "word":
+        return train_word_level_tokenizer(lines, min_freq=args.min_freq, max_size=args.max_size,
+                                          lowercase=args.lowercase)
+    if args.kind == "char":
+        return train_char_level_tokenizer(lines, min_freq=max(args.min_freq, 1))
+    return train_unigram_tokenizer(lines, vocab_size=args.vocab_size, lowercase=args.lowercase)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    tokenizer = build_tokenizer(args)
+    output = Path(args.output)
+    tokenizer.save_pretrained(output)
+    (output / "train_tokenizer_args.json").write_text(json.dumps(vars(args), indent=2) + "\n", encoding="utf-8")
+    print(f"saved {args.kind if not args.vocab_file else 'imported'} tokenizer with {len(tokenizer)} tokens "
+          f"to {output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Corpora and tokenization pipeline: WikiText-2 from files, local formats, built-in corpus, Hub path, caching, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+
+from modeling_xl.data import corpora
+from modeling_xl.data.corpora import builtin_corpus, load_corpus
+from modeling_xl.data.streams import OrderedStreams
+from modeling_xl.data.tokenize import tokenize_corpus
+from tokenization import train_word_level_tokenizer
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="module")
+def wt2(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("cache"))
+    corpus = load_corpus(DATA / "wikitext-2", cache_dir=cache)
+    tokenizer = train_word_level_tokenizer(corpus["train"].data.column("text"))
+    return corpus, tokenizer, tokenize_corpus(corpus, tokenizer)
+
+
+def test_wikitext2_pipeline_counts(wt2):
+    corpus, tokenizer, ids = wt2
+    assert sorted(corpus) == ["test", "train", "validation"] and corpus["train"].num_rows == 36718
+    assert len(tokenizer) == 33278
+    assert {split: v.size for split, v in ids.items()} == {"train": 2088628, "validation": 217646, "test": 245569}
+    assert ids["train"].dtype == np.int32 and ids["train"].max() < 33278
+
+
+def test_second_run_reuses_cache(wt2):
+    corpus, tokenizer, ids = wt2
+    cache_dir = Path(corpus["validation"].cache_files[0]["filename"]).parent
+    written = {p: p.stat().st_mtime_ns for p in cache_dir.glob("cache-*.arrow")}
+    assert len(written) >= 3, "tokenization wrote no cache files"  # one per split, from the fixture's run
+    again = tokenize_corpus(corpus, tokenizer)
+    np.testing.assert_array_equal(again["validation"], ids["validation"])
+    assert {p: p.stat().st_mtime_ns for p in cache_dir.glob("cache-*.arrow")} == written  # loaded, not rewritten
+
+
+def test_multiprocess_equals_single_process(wt2):
+    corpus, tokenizer, ids = wt2
+    small = corpus["test"].select(range(2000))
+    one = tokenize_corpus({"test": small}, tokenizer, num_proc=1, load_from_cache_file=False)["test"]
+    two = tokenize_corpus({"test": small}, tokenizer, num_proc=2, load_from_cache_file=False)["test"]
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_array_equal(one, ids["test"][:one.size])
+
+
+def test_local_formats(tmp_path):
+    rows = ["the first line", "", "a second line"]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"body": r}) + "\n" for r in rows), encoding="utf-8")
+    (tmp_path / "c.csv").write_text("body\n" + "\n".join(f'"{r}"' for r in rows) + "\n", encoding="utf-8")
+    datasets.Dataset.from_dict({"body": rows}).to_parquet(str(tmp_path / "c.parquet"))
+    for name in ("c.jsonl", "c.csv", "c.parquet"):
+        corpus = load_corpus(tmp_path / name, text_column="body", cache_dir=str(tmp_path / "cache"))
+        assert [r or "" for r in corpus["train"]["body"]] == rows, name
+    with pytest.raises(ValueError, match="expected a text column 'text'"):
+        load_corpus(tmp_path / "c.jsonl", cache_dir=str(tmp_path / "cache"))
+
+
+def test_builtin_corpus_is_prose_deterministic_and_trains(tmp_path_factory):
+    corpus = builtin_corpus()  # default cache: a second test session reuses it
+    sizes = {split: sum(map(len, corpus[split]["text"])) for split in corpus}
+    assert sizes["train"] > 900_000 and sizes["validation"] > 40_000 and sizes["test"] > 40_000
+    assert set(corpus["train"]["text"][:200]).isdisjoint(corpus["test"]["text"])
+    assert builtin_corpus()["validation"]["text"] == corpus["validation"]["text"]
+    sample = " ".join(corpus["train"]["text"][:300]).split()
+    assert sum(w.strip(".,;:()'\"").isalpha() for w in sample) / len(sample) > 0.8  # mostly English words
+    tokenizer = train_word_level_tokenizer(corpus["train"].data.column("text"), min_freq=2)
+    ids = tokenize_corpus(corpus, tokenizer)
+    assert ids["train"].size > 150_000
+    assert len(OrderedStreams(ids["train"], batch_size=8, tgt_len=64)) > 300
+
+
+def test_hub_path_calls_load_dataset_and_fails_offline_clearly(monkeypatch):
+    with pytest.raises(OSError, match="could not load the corpus 'wikitext'.*wikitext-2-raw-v1"):
+        load_corpus("wikitext", "wikitext-2-raw-v1")  # HF_HUB_OFFLINE / no network: the real path fails clearly
+    calls = []
+
+    def fake_load_dataset(name, config, cache_dir=None):  # the Hub boundary: what the name + config would return
+        calls.append((name, config))
+        return datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["hello world"]}),
+                                     "valid": datasets.Dataset.from_dict({"text": ["bye"]})})
+
+    monkeypatch.setattr(corpora.datasets, "load_dataset", fake_load_dataset)
+    corpus = load_corpus("wikitext", "wikitext-103-raw-v1")
+    assert calls == [("wikitext", "wikitext-103-raw-v1")] and sorted(corpus) == ["train", "validation"]
+
+
+def test_bad_corpora(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(ValueError, match="empty training split"):
+        load_corpus(tmp_path / "empty.txt", cache_dir=str(tmp_path / "cache"))
+    (tmp_path / "bad.txt").write_bytes(b"fine line\nbad \xff\xfe bytes\n")
+    with pytest.raises(ValueError, match=r"bad.txt: bytes .* at byte 14 \(line 2\) are not valid UTF-8"):
+        load_corpus(tmp_path / "bad.txt", cache_dir=str(tmp_path / "cache"))
+    (tmp_path / "short.txt").write_text("only a few words here\n", encoding="utf-8")
+    corpus = load_corpus(tmp_path / "short.txt", cache_dir=str(tmp_path / "cache"))
+    tokenizer = train_word_level_tokenizer(corpus["train"]["text"])
+    ids = tokenize_corpus(corpus, tokenizer)["train"]
+    with pytest.raises(ValueError, match="shorter than one segment of tgt_len=8"):
+        OrderedStreams(ids, batch_size=4, tgt_len=8)
+    with pytest.raises(ValueError, match="has no train file"):
+        load_corpus(tmp_path / "cache", cache_dir=str(tmp_path / "cache2"))
