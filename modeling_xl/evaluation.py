@@ -15,8 +15,8 @@ import time
 
 import torch
 
+from .data.streams import EvalStreams
 from .training.evaluation import bits_per_character, perplexity, recurrence_settings, stream_nll
-from .training.streams import RankStreams
 
 
 def score_summary(nll: float, tokens: int, char_level: bool, chars: int | None = None) -> dict:
@@ -53,7 +53,7 @@ def evaluate_stream(model, tokens, *, tgt_len: int, mem_len: int, clamp_len: int
     if not isinstance(mem_len, int) or mem_len < 0:
         raise ValueError(f"mem_len={mem_len!r} is invalid; expected an integer >= 0")
     device = device or next(model.parameters()).device
-    streams = RankStreams(tokens, batch_size, tgt_len, pad=True)
+    streams = EvalStreams(tokens, batch_size, tgt_len)
     batches = ({k: v.to(device) for k, v in batch.items()} for batch in streams)
     start = time.perf_counter()
     with recurrence_settings(model.config, mem_len, clamp_len, same_length and mem_len > 0):
@@ -189,7 +189,8 @@ def load_eval_tokens(tokenizer, dataset_name: str, dataset_config_name: str | No
     corpus = load_corpus(dataset_name, dataset_config_name, text_column=text_column)
     if split not in corpus:
         raise ValueError(f"split={split!r} is not in {dataset_name!r}; expected one of {sorted(corpus)}")
-    ids = torch.from_numpy(tokenize_split(corpus[split], tokenizer, text_column=text_column, split=split).astype("int64"))
+    ids = tokenize_split(corpus[split], tokenizer, text_column=text_column, split=split)
+    ids = torch.from_numpy(ids.astype("int64"))
     if ids.numel() < 2:
         raise ValueError(f"split {split!r} of {dataset_name!r} has {ids.numel()} tokens; expected at least 2")
     return ids[:max_tokens] if max_tokens else ids

@@ -6,7 +6,7 @@
 LEGACY_DIR holds config.json and model.safetensors or pytorch_model.bin (read with weights_only=True: nothing is
 unpickled). OUT_DIR receives safetensors weights, config.json and the model code, loadable with
 `AutoModelForCausalLM.from_pretrained(OUT_DIR, trust_remote_code=True)`. A legacy vocabulary found beside the weights
-is converted by `tokenization` when it can be read safely; a pickled `vocab.pkl` is refused (see the message).
+is converted into a fast tokenizer; a pickled `vocab.pkl` is read by a restricted parser, never unpickled.
 """
 
 from __future__ import annotations
@@ -43,13 +43,22 @@ def convert(legacy_dir: str, out_dir: str, dtype: str = "float32") -> Transforme
     return model
 
 
-def convert_vocabulary(legacy_dir: str, out_dir: str) -> None:
-    """Convert a legacy vocabulary beside the checkpoint, if any, into a fast tokenizer in out_dir."""
-    try:
-        from tokenization.vocab_import import convert_legacy_vocab_folder
-    except ImportError:
-        return
-    convert_legacy_vocab_folder(legacy_dir, out_dir)
+LEGACY_VOCAB_FILES = ("vocab.pkl", "vocab.txt", "vocab.bin")
+
+
+def convert_vocabulary(legacy_dir: str, out_dir: str) -> str | None:
+    """Turn a legacy vocabulary beside the checkpoint (if any) into a fast tokenizer saved in out_dir.
+
+    `vocab.pkl` (transformers <= 4.35) is read by a restricted opcode parser, never unpickled; returns the file used.
+    """
+    from tokenization import tokenizer_from_vocab
+
+    for name in LEGACY_VOCAB_FILES:
+        path = os.path.join(legacy_dir, name)
+        if os.path.isfile(path):
+            tokenizer_from_vocab(path).save_pretrained(out_dir)
+            return path
+    return None
 
 
 def main(argv=None):

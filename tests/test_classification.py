@@ -1,10 +1,13 @@
 """Sequence classification head: pooling, padding, losses, long documents, loading, XLNet parity, bad input."""
 
+import importlib.util
+import json
 import logging
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +20,8 @@ from modeling_xl import (
     TransformerXLForSequenceClassification,
 )
 from modeling_xl.modeling_classification import classification_loss, left_align, pool_hidden
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def model_for(**overrides):
@@ -89,7 +94,8 @@ def test_losses_match_transformers_conventions():
 
 
 @pytest.mark.parametrize("labels, problem_type, match", [
-    (torch.tensor([0, 3]), "single_label_classification", r"labels contains 3; expected class ids in \[0, num_labels=3\)"),
+    (torch.tensor([0, 3]), "single_label_classification",
+     r"labels contains 3; expected class ids in \[0, num_labels=3\)"),
     (torch.tensor([-2, 0]), "single_label_classification", r"labels contains -2"),
     (torch.tensor([0, 1, 2]), "single_label_classification", r"labels has shape \(3,\); expected one class id"),
     (torch.ones(2, 2), "multi_label_classification", r"labels has shape \(2, 2\); expected \[batch=2, num_labels=3\]"),
@@ -278,3 +284,133 @@ def test_xlnet_sequence_classification_logits_match_transformers():
         x2 = torch.randint(5, 50, (3, 5))
         want2, got2 = reference(x2, mems=want.mems, use_mems=True), ours(x2, mems=got.mems)
         assert (want2.logits - got2.logits).abs().max() <= 1e-5
+
+
+# ---- fine-tuning library and script (modeling_xl.training.classification, scripts/finetune_classification.py) ----
+
+POSITIVE, NEGATIVE = ("good", "great", "fine", "nice"), ("bad", "awful", "poor", "dull")
+
+
+def sentiment_rows(n, seed):
+    """Sentences whose label is carried by one sentiment word among filler words."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        label = int(torch.randint(0, 2, (1,), generator=generator))
+        words = [f"w{int(i)}" for i in torch.randint(0, 20, (int(torch.randint(3, 9, (1,), generator=generator)),),
+                                                     generator=generator)]
+        cue = (POSITIVE if label else NEGATIVE)[int(torch.randint(0, 4, (1,), generator=generator))]
+        words.insert(int(torch.randint(0, len(words) + 1, (1,), generator=generator)), cue)
+        rows.append((" ".join(words), label))
+    return rows
+
+
+def write_tsv(path, rows, header=("sentence", "label")):
+    path.write_text("\t".join(header) + "\n" + "".join(f"{text}\t{label}\n" for text, label in rows))
+    return path
+
+
+@pytest.fixture
+def lm_checkpoint(tmp_path):
+    from tokenization import train_word_level_tokenizer
+
+    tokenizer = train_word_level_tokenizer([text for text, _ in sentiment_rows(200, 0)])
+    config = TransformerXLConfig.from_preset("debug", vocab_size=len(tokenizer), cutoffs=[10])
+    TransformerXLForCausalLM(config).save_pretrained(tmp_path / "lm")
+    tokenizer.save_pretrained(tmp_path / "lm")
+    return tmp_path / "lm"
+
+
+def finetune_args(tmp_path, checkpoint, **overrides):
+    from modeling_xl.training.classification import FinetuneArguments
+
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(256, 1))
+    dev = write_tsv(tmp_path / "dev.tsv", sentiment_rows(64, 2))
+    values = dict(model_name_or_path=str(checkpoint), output_dir=str(tmp_path / "out"), train_file=str(train),
+                  validation_file=str(dev), per_device_train_batch_size=16, learning_rate=3e-3, num_train_epochs=3,
+                  eval_steps=24, checkpointing_steps=40, disable_tqdm=True)
+    return FinetuneArguments(**{**values, **overrides})
+
+
+def test_finetuning_learns_and_writes_model_card_checkpoints_and_results(tmp_path, lm_checkpoint, one_thread):
+    from modeling_xl.training.classification import run_finetuning
+
+    results = run_finetuning(finetune_args(tmp_path, lm_checkpoint))
+    out = tmp_path / "out"
+    assert results["train_steps"] == 48 and len(results["history"]) == 2
+    assert results["dev"]["accuracy"] > 0.9, results["dev"]
+    saved = json.loads((out / "classification_results.json").read_text())
+    assert saved["dev"]["accuracy"] == pytest.approx(results["dev"]["accuracy"])
+    assert (out / "checkpoint-40").is_dir()
+    card = (out / "README.md").read_text()
+    assert f"{results['dev']['accuracy']:.4f}" in card and "model-index" in card and "accuracy" in card
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    assert model.config.id2label == {0: "0", 1: "1"}
+
+
+def test_finetune_script_from_scratch_with_comparison_in_the_card(tmp_path, lm_checkpoint, one_thread):
+    spec = importlib.util.spec_from_file_location("finetune", REPO / "scripts" / "finetune_classification.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = finetune_args(tmp_path, lm_checkpoint)
+    write_json = tmp_path / "base.json"
+    write_json.write_text(json.dumps({"initialisation": "pretrained elsewhere", "train_steps": 5,
+                                      "train_seconds": 1.0, "dev": {"accuracy": 0.5, "f1": 0.25}}))
+    code = script.main(["--model_name_or_path", str(lm_checkpoint), "--output_dir", str(tmp_path / "scratch"),
+                        "--train_file", args.train_file, "--validation_file", args.validation_file,
+                        "--from_scratch", "--max_train_steps", "3", "--disable_tqdm", "--compare_with",
+                        str(write_json)])
+    assert code == 0
+    card = (tmp_path / "scratch" / "README.md").read_text()
+    assert "| from scratch |" in card and "| pretrained elsewhere | 0.5000 | 0.2500 | 5 | 1 |" in card
+
+
+@pytest.mark.parametrize("mutate, error, match", [
+    (lambda a, p: write_tsv(p / "dev.tsv", [("fine film", 7)]), ValueError,
+     r"label_column='label' of the validation split has unknown label values \[7\]; expected one of \[0, 1\]"),
+    (lambda a, p: setattr(a, "text_column", "text"), ValueError,
+     r"text_column='text' is not a column of the train split; expected one of \['sentence', 'label'\]"),
+    (lambda a, p: write_tsv(p / "dev.tsv", [("fine film", 1), ("  ", 0)]), ValueError,
+     r"the validation split has empty texts in 'sentence' at rows \[1\]"),
+    (lambda a, p: setattr(a, "validation_file", str(p / "nope.tsv")), FileNotFoundError, r"validation_file="),
+    (lambda a, p: setattr(a, "dataset_name", "glue"), ValueError, r"expected exactly one of them"),
+])
+def test_finetuning_bad_input(tmp_path, lm_checkpoint, mutate, error, match):
+    from modeling_xl.training.classification import run_finetuning
+
+    args = finetune_args(tmp_path, lm_checkpoint)
+    mutate(args, tmp_path)
+    with pytest.raises(error, match=match):
+        run_finetuning(args)
+
+
+def test_hub_dataset_goes_through_load_dataset_and_fails_offline_with_a_clear_message(tmp_path, monkeypatch):
+    import datasets
+
+    from modeling_xl.training.classification import FinetuneArguments, load_raw_datasets
+
+    args = FinetuneArguments(model_name_or_path="unused", output_dir=str(tmp_path), dataset_name="glue",
+                             dataset_config_name="sst2")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError, match=r"could not load dataset_name='glue' \(config 'sst2'\) from the Hugging Face "
+                                      r"Hub .*pass local files with --train_file/--validation_file"):
+        load_raw_datasets(args)
+    split = datasets.Dataset.from_dict({"sentence": ["a"], "label": [0]})
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: calls.append(a) or datasets.DatasetDict(
+        train=split, validation=split, test=split))
+    raw = load_raw_datasets(args)
+    assert calls == [("glue", "sst2")] and sorted(raw) == ["train", "validation"]
+
+
+def test_offline_metric_modules_match_definitions():
+    import evaluate
+
+    from modeling_xl.metrics import METRICS_DIR
+
+    metrics = evaluate.combine([str(METRICS_DIR / "accuracy"), str(METRICS_DIR / "f1")])
+    assert metrics.compute(predictions=[0, 1, 1, 0], references=[0, 1, 0, 0]) == pytest.approx(
+        {"accuracy": 0.75, "f1": 2 / 3})
+    f1 = evaluate.load(str(METRICS_DIR / "f1"))
+    # per class F1: class 0: 1.0, class 1: 2/3, class 2: 2/3 -> macro 7/9
+    assert f1.compute(predictions=[0, 1, 2, 2], references=[0, 1, 1, 2], average="macro")["f1"] == pytest.approx(7 / 9)

@@ -104,3 +104,16 @@ def test_convert_script_rejects_a_folder_that_is_not_legacy(tmp_path):
         convert_transfo_xl.convert(str(tmp_path), str(tmp_path / "out"))
     with pytest.raises(ValueError, match="is not a folder"):
         convert_transfo_xl.convert(str(tmp_path / "missing"), str(tmp_path / "out"))
+
+
+def test_convert_writes_the_legacy_vocabulary_as_a_fast_tokenizer(tmp_path):
+    legacy = tmp_path / "legacy"
+    shutil.copytree(FIXTURES / "case_c", legacy)
+    meta = json.loads((FIXTURES / "case_c" / "expected.json").read_text())
+    symbols = ["<eos>", "<unk>"] + [f"w{i}" for i in range(meta["vocab_size"] - 2)]
+    (legacy / "vocab.txt").write_text("\n".join(symbols) + "\n")
+    convert_transfo_xl.convert(str(legacy), str(tmp_path / "out"))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert tok("w3 w7 zzz")["input_ids"][:3] == [5, 9, 1]

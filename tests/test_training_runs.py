@@ -52,7 +52,7 @@ DRIVER = textwrap.dedent('''
 
             def batch(step):
                 out = original(step)
-                seen[step] = out["input_ids"].tolist()
+                seen[step] = [out["input_ids"].tolist(), out["next_token_labels"].tolist()]
                 Path(os.environ["RECORD_ROWS"], f"rank{rank}.json").write_text(json.dumps(seen))
                 return out
 
@@ -138,18 +138,22 @@ def test_two_processes_give_the_single_process_loss_curve(workdir, reference):
     whole = {int(k): v for k, v in json.loads((workdir / "rows1" / "rank0.json").read_text()).items()}
     for rank in range(2):
         seen = {int(k): v for k, v in json.loads((rows / f"rank{rank}.json").read_text()).items()}
-        for step, batch in seen.items():
-            assert batch == whole[step][2 * rank: 2 * rank + 2]
-    corpus = (workdir / "corpus.txt").read_text()
-    assert len(whole) == 12 and len(corpus) > 0
+        assert sorted(seen) == list(range(12))
+        for step, (inputs, labels) in seen.items():
+            assert inputs == whole[step][0][2 * rank: 2 * rank + 2]
+            assert labels == whole[step][1][2 * rank: 2 * rank + 2]
+        for step in range(11):  # each rank's rows continue from one step to the next
+            assert [row[0] for row in seen[step + 1][0]] == [row[-1] for row in seen[step][1]]
 
 
 def test_rows_continue_across_steps(workdir, reference):
-    whole = {int(k): torch.tensor(v) for k, v in json.loads((workdir / "rows1" / "rank0.json").read_text()).items()}
-    # the model input at step t+1 row b is the continuation of row b: rows are contiguous slices of one stream
-    flat = [torch.cat([whole[t][b] for t in range(12)]) for b in range(4)]
-    text_ids = torch.cat(flat)
-    assert len(set(map(tuple, torch.stack(flat).tolist()))) == 4 and text_ids.numel() == 4 * 12 * 8
+    whole = {int(k): [torch.tensor(x) for x in v]
+             for k, v in json.loads((workdir / "rows1" / "rank0.json").read_text()).items()}
+    inputs = torch.cat([whole[t][0] for t in range(12)], dim=1)  # [4 rows, 12 steps x 8 tokens]
+    labels = torch.cat([whole[t][1] for t in range(12)], dim=1)
+    # each row is one contiguous piece of text: its targets are its inputs shifted by one, across step borders
+    assert torch.equal(inputs[:, 1:], labels[:, :-1])
+    assert len({tuple(row) for row in inputs.tolist()}) == 4
 
 
 def test_resume_after_sigkill_gives_the_same_losses(workdir, reference_with_dropout):

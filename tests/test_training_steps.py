@@ -190,3 +190,10 @@ def test_plm_objective_trains_on_wikitext2(tmp_path, shared_data):
     config = json.loads((out / "config.json").read_text())
     assert config["attn_type"] == "bi" and config["reuse_len"] == 8
     assert config["auto_map"]["AutoModelForPreTraining"].endswith("TransformerXLForPermutationLM")
+
+
+def test_missing_dataset_is_reported_before_training(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run_script(["--preset", "debug", "--dataset_name", "no_such_dataset_xyz", "--output_dir", str(out)]) == 1
+    assert "dataset_name='no_such_dataset_xyz' could not be loaded" in capsys.readouterr().err
+    assert not (out / "train_log.jsonl").exists()

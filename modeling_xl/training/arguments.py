@@ -194,6 +194,7 @@ def validate(args: PretrainArguments) -> None:
     _choice("lr_scheduler_type", args.lr_scheduler_type, SCHEDULERS)
     _choice("optimizer", args.optimizer, OPTIMIZERS)
     _choice("report_to", args.report_to, TRACKERS)
+    _choice("tokenizer_type", args.tokenizer_type, ("word", "char", "byte"))
     if args.mixed_precision is not None:
         _choice("mixed_precision", args.mixed_precision, PRECISIONS)
     for name in ("train_batch_size", "tgt_len", "eval_tgt_len", "max_train_steps", "gradient_accumulation_steps",

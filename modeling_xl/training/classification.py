@@ -190,7 +190,8 @@ def run_finetuning(args: FinetuneArguments) -> dict:
     set_seed(args.seed)
     raw = load_raw_datasets(args)
     if args.max_train_samples is not None:
-        raw["train"] = raw["train"].shuffle(seed=args.seed).select(range(min(args.max_train_samples, len(raw["train"]))))
+        keep = range(min(args.max_train_samples, len(raw["train"])))
+        raw["train"] = raw["train"].shuffle(seed=args.seed).select(keep)
     mapping = label_mapping(raw, args)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     with accelerator.main_process_first():
