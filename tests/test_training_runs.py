@@ -195,3 +195,23 @@ def test_final_folder_loads_in_a_fresh_process_and_generates(reference):
     assert result.returncode == 0, result.stderr[-3000:]
     generated = [line for line in result.stdout.splitlines() if line.startswith("GENERATED")]
     assert generated and generated[0].split()[1] == "12", result.stdout
+
+
+def test_real_script_with_two_processes_finishes_and_writes_one_folder(workdir):
+    """scripts/pretrain.py itself (datasets pipeline, char tokenizer) under `accelerate launch`, 2 processes."""
+    out = workdir / "script_two"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1"}
+    command = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29519",
+               str(REPO / "scripts" / "pretrain.py"), "--preset", "debug", "--train_file", str(workdir / "corpus.txt"),
+               "--tokenizer_type", "char", "--max_train_steps", "6", "--checkpointing_steps", "3", "--disable_tqdm",
+               "--output_dir", str(out)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150, cwd=workdir)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.count("validation:") == 2  # both processes report the same reduced metrics
+    assert len(set(line for line in result.stdout.splitlines() if line.startswith("validation:"))) == 1
+    state = json.loads((out / "checkpoints" / "step_0000006" / "training_state.json").read_text())
+    assert state["num_processes"] == 2 and state["step"] == 6
+    assert (out / "checkpoints" / "step_0000006" / "memories_rank1.safetensors").is_file()
+    assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()

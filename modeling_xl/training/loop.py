@@ -89,7 +89,7 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
                                  "use --mixed_precision bf16 instead of fp16, or resume from it with "
                                  "--resume_from_checkpoint latest") from None
     results = final_evaluation(accelerator, args, model, data, objective, state)
-    finish(accelerator, args, model, data, state, results, time.perf_counter() - started)
+    finish(accelerator, args, model, data, state, results, global_batch, time.perf_counter() - started)
     return results
 
 
@@ -163,11 +163,11 @@ def final_evaluation(accelerator, args, model, data, objective, state: RunState)
     return metrics
 
 
-def finish(accelerator, args, model, data, state, results, wall_time_s: float) -> None:
+def finish(accelerator, args, model, data, state, results, global_batch: int, wall_time_s: float) -> None:
     """Final folder on the main process: model + remote code, tokenizer, results, loss plot, model card; then push."""
     accelerator.wait_for_everyone()
-    accelerator.end_training()
     state_dict = accelerator.get_state_dict(model)  # collective under FSDP: every process takes part
+    accelerator.end_training()  # stops the trackers and destroys the process group
     if not accelerator.is_main_process:
         return
     out = args.output_dir
@@ -177,8 +177,10 @@ def finish(accelerator, args, model, data, state, results, wall_time_s: float) -
     write_results(out, results, state.eval_history)
     plot_losses(f"{out}/{LOG_FILE}", f"{out}/{PLOT_FILE}")
     repo_id = args.hub_model_id or out.rstrip("/").split("/")[-1]
+    start = next((h for h in state.eval_history if h["step"] == 0), None)
     info = {**data.info, "num_parameters": sum(p.numel() for p in unwrapped.parameters()),
-            "num_processes": accelerator.num_processes}
+            "num_processes": accelerator.num_processes, "mixed_precision": accelerator.mixed_precision,
+            "train_batch_size": global_batch, **({"start": start} if start else {})}
     hardware = f"{accelerator.num_processes} x {accelerator.device.type} ({platform.processor() or platform.machine()})"
     card = model_card(out, repo_id=repo_id, args=args, results=results, data_info=info, wall_time_s=wall_time_s,
                       hardware=hardware)

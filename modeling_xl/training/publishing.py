@@ -73,14 +73,19 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
         eval_results=eval_results,
         datasets=[dataset] if "/" in dataset or dataset in ("wikitext",) else None,
     )
-    hyperparameters = [(k, getattr(args, k)) for k in (
-        "preset", "objective", "train_batch_size", "gradient_accumulation_steps", "tgt_len", "mem_len",
-        "eval_tgt_len", "eval_mem_len", "eval_clamp_len", "eval_same_length", "max_train_steps", "learning_rate",
-        "optimizer", "weight_decay", "lr_scheduler_type", "num_warmup_steps", "max_grad_norm", "mixed_precision",
-        "seed")]
-    hyperparameters += [("parameters", f"{data_info.get('num_parameters', 0):,}"),
+    global_batch = data_info.get("train_batch_size", args.train_batch_size)
+    hyperparameters = [("preset", args.preset), ("objective", args.objective), ("train_batch_size (streams)", global_batch)]
+    hyperparameters += [(k, getattr(args, k)) for k in (
+        "gradient_accumulation_steps", "tgt_len", "mem_len", "eval_tgt_len", "eval_mem_len", "eval_clamp_len",
+        "eval_same_length", "max_train_steps", "learning_rate", "optimizer", "weight_decay", "lr_scheduler_type",
+        "num_warmup_steps", "max_grad_norm", "seed")]
+    hyperparameters += [("mixed_precision", data_info.get("mixed_precision", args.mixed_precision)),
+                        ("parameters", f"{data_info.get('num_parameters', 0):,}"),
                         ("processes", data_info.get("num_processes", 1))]
     shown = [(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in results.items()]
+    if "start" in data_info:  # the same metrics before training, for scale
+        shown += [(f"{k} at step 0", f"{v:.4f}" if isinstance(v, float) else v)
+                  for k, v in data_info["start"].items() if k in ("perplexity", "bpc")]
     return ModelCard.from_template(
         card_data, template_path=str(path), model_name=repo_id.split("/")[-1], repo_id=repo_id, objective=args.objective,
         architecture=f"Transformer-XL ({args.preset} preset)",
@@ -92,7 +97,7 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
         dataset_description=data_info.get("description", dataset),
         train_tokens=f"{data_info.get('train_tokens', 0):,}", eval_tokens=f"{data_info.get('eval_tokens', 0):,}",
         tokenizer_description=data_info.get("tokenizer", "see tokenizer files"),
-        hp=args, hyperparameters=hyperparameters, results=shown,
+        hp=args, global_batch=global_batch, hyperparameters=hyperparameters, results=shown,
         metric_description="bits per character" if metric_type == "bpc" else "perplexity = exp(total NLL / tokens)",
         scale_note=("Trained for a few minutes on a small corpus: its perplexity is far from the paper's "
                     "WikiText-103 (24.0 base) or enwik8 (0.99 bpc) figures." if args.preset in ("tiny", "debug")
