@@ -80,7 +80,7 @@ def causal_mask(qlen: int, mlen: int, same_length: bool = False, mem_len: int = 
     klen = mlen + qlen
     ones = torch.ones(qlen, klen, dtype=torch.bool, device=device)
     mask = torch.triu(ones, diagonal=1 + mlen)
-    if same_length:
+    if same_length and mem_len > 0:  # with no memory window the legacy formula would hide every key: ignore it
         visible = klen - mem_len
         shift = qlen - visible if visible > 0 else qlen
         mask = mask | torch.tril(ones, diagonal=-shift)

@@ -63,14 +63,14 @@ def test_sinusoid_table_formula():
 
 
 @pytest.mark.parametrize("same_length", [False, True])
-@pytest.mark.parametrize("qlen,mlen,mem_len", [(3, 0, 4), (3, 2, 2), (4, 4, 4), (2, 5, 5)])
+@pytest.mark.parametrize("qlen,mlen,mem_len", [(3, 0, 4), (3, 2, 2), (4, 4, 4), (2, 5, 5), (3, 0, 0)])
 def test_causal_mask_matches_definition(qlen, mlen, mem_len, same_length):
     mask = causal_mask(qlen, mlen, same_length, mem_len)
     klen = qlen + mlen
     for i in range(qlen):
         for j in range(klen):
             hidden = j > mlen + i
-            if same_length:
+            if same_length and mem_len > 0:
                 visible = klen - mem_len
                 shift = qlen - visible if visible > 0 else qlen
                 hidden = hidden or j - i <= -shift
@@ -95,3 +95,50 @@ def test_attend_fully_masked_row_is_uniform_not_nan():
     out, probs = attend(q, k, v, torch.zeros(1, 1, 2, 3), mask, use_sdpa=False, output_attentions=True)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(probs[0, 0, 0], torch.full((3,), 1 / 3))
+
+
+def _reference_attention(q_u, q_v, k, v, r, mask, keep=None, p=0.0):
+    """Unfused: position scores via rel_shift, softmax, optional dropout mask (keep / (1 - p))."""
+    qlen, klen, d = q_u.size(-2), k.size(-2), q_u.size(-1)
+    bd = rel_shift(torch.matmul(q_v, r.transpose(-1, -2)), klen, qlen - 1)
+    scores = (q_u @ k.transpose(-1, -2) + bd) / d**0.5
+    probs = torch.softmax(scores.masked_fill(mask, torch.finfo(scores.dtype).min), -1)
+    if keep is not None:
+        probs = probs * keep / (1 - p)
+    return probs @ v
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "same_length", "fully_masked_row"])
+def test_fused_relative_attention_matches_unfused_with_gradients(mask_kind):
+    from modeling_xl.relative_attention import FusedRelativeAttention
+
+    B, H, T, M, D = 2, 3, 5, 4, 8
+    K = T + M
+    mask = {"causal": causal_mask(T, M), "same_length": causal_mask(T, M, True, 4),
+            "fully_masked_row": torch.ones(T, K, dtype=torch.bool).triu(0)}[mask_kind]
+    args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
+    args += [torch.randn(B, H, K, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
+    args += [torch.randn(H, K, D, dtype=torch.double, requires_grad=True)]
+    fused = FusedRelativeAttention.apply(*args, mask, T - 1, 0.0)
+    torch.testing.assert_close(fused, _reference_attention(*args, mask))
+    assert torch.autograd.gradcheck(lambda *a: FusedRelativeAttention.apply(*a, mask, T - 1, 0.0), args)
+
+
+def test_fused_relative_attention_dropout_matches_unfused():
+    from modeling_xl.relative_attention import FusedRelativeAttention
+
+    B, H, T, M, D, p = 2, 2, 4, 3, 8, 0.3
+    K = T + M
+    mask = causal_mask(T, M)
+    args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
+    args += [torch.randn(B, H, K, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
+    args += [torch.randn(H, K, D, dtype=torch.double, requires_grad=True)]
+    torch.manual_seed(5)
+    out = FusedRelativeAttention.apply(*args, mask, T - 1, p)
+    torch.manual_seed(5)
+    keep = torch.rand(B, H, T, K, dtype=torch.double) >= p
+    want = _reference_attention(*args, mask, keep, p)
+    torch.testing.assert_close(out, want)
+    grad = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, args, grad), torch.autograd.grad(want, args, grad)):
+        torch.testing.assert_close(a, b)
