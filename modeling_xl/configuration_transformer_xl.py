@@ -53,7 +53,7 @@ RECIPES: dict[str, dict] = {
     "debug": dict(batch_size=4, tgt_len=8, mem_len=8, eval_tgt_len=8, eval_mem_len=16, eval_clamp_len=-1,
                   learning_rate=1e-3, warmup_steps=0, max_steps=20),
     "tiny": dict(batch_size=16, tgt_len=64, mem_len=64, eval_tgt_len=64, eval_mem_len=128, eval_clamp_len=-1,
-                 learning_rate=3e-3, warmup_steps=50, max_steps=500),
+                 learning_rate=3e-3, warmup_steps=50, max_steps=1500),
     "wt103-base": dict(batch_size=60, tgt_len=150, mem_len=150, eval_tgt_len=64, eval_mem_len=640, eval_clamp_len=400,
                        learning_rate=2.5e-4, warmup_steps=0, max_steps=200_000),
     "wt103-large": dict(batch_size=128, tgt_len=384, mem_len=384, eval_tgt_len=128, eval_mem_len=1600,
