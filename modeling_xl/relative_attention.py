@@ -132,12 +132,21 @@ class FusedRelativeAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q_u, q_v, key, value, r, mask, shift: int, dropout_p: float):
+        # Mixed precision: inputs may mix the autocast dtype (projections) and float32 (q + bias); compute in the
+        # keys' dtype with autocast off, softmax in float32, and hand gradients back in each input's own dtype.
+        ctx.input_dtypes = [t.dtype for t in (q_u, q_v, key, value, r)]
+        with torch.autocast(key.device.type, enabled=False):
+            q_u, q_v, value, r = (t.to(key.dtype) for t in (q_u, q_v, value, r))
+            return FusedRelativeAttention._forward(ctx, q_u, q_v, key, value, r, mask, shift, dropout_p)
+
+    @staticmethod
+    def _forward(ctx, q_u, q_v, key, value, r, mask, shift: int, dropout_p: float):
         klen, scale = key.size(2), 1.0 / math.sqrt(q_u.size(-1))
         scores = torch.matmul(q_u, key.transpose(-1, -2))  # [B, H, T, K]
         scores += rel_shift(torch.matmul(q_v, r.transpose(-1, -2)), klen, shift)  # + [B, H, T, R] shifted
         scores *= scale
         scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores, dim=-1)
+        probs = torch.softmax(scores.float(), dim=-1).to(key.dtype)
         del scores
         keep = None
         if dropout_p > 0:
@@ -151,7 +160,14 @@ class FusedRelativeAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        with torch.autocast(grad_out.device.type, enabled=False):
+            grads = FusedRelativeAttention._backward(ctx, grad_out)
+        return (*(g.to(dtype) for g, dtype in zip(grads, ctx.input_dtypes)), None, None, None)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         q_u, q_v, key, value, r, mask, probs, keep = ctx.saved_tensors
+        grad_out = grad_out.to(key.dtype)
         p = ctx.dropout_p
         grad_out = grad_out.contiguous()
         dropped = probs if keep is None else probs * keep / (1 - p)
@@ -173,7 +189,7 @@ class FusedRelativeAttention(torch.autograd.Function):
         grad_bd = padded[..., :rlen]  # [B, H, T, R]
         grad_q_v = torch.matmul(grad_bd, r)
         grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v).sum(0)  # [H, R, D]
-        return grad_q_u, grad_q_v, grad_key, grad_value, grad_r, None, None, None
+        return grad_q_u, grad_q_v, grad_key, grad_value, grad_r
 
 
 class RelativeMultiHeadAttention(nn.Module):

@@ -197,3 +197,18 @@ def test_missing_dataset_is_reported_before_training(tmp_path, capsys):
     assert run_script(["--preset", "debug", "--dataset_name", "no_such_dataset_xyz", "--output_dir", str(out)]) == 1
     assert "dataset_name='no_such_dataset_xyz' could not be loaded" in capsys.readouterr().err
     assert not (out / "train_log.jsonl").exists()
+
+
+def test_bf16_mixed_precision_run_follows_the_float32_run(tmp_path):
+    """`--mixed_precision bf16` goes through Accelerate's autocast (CPU here); the adaptive softmax stays in fp32."""
+    from accelerate.state import AcceleratorState
+
+    curves = {}
+    for precision in ("no", "bf16"):
+        AcceleratorState._reset_state(reset_partial_state=True)  # Accelerate keeps one precision per process
+        run_pretraining(debug_args(tmp_path / precision, "--mixed_precision", precision), builder)
+        log = (tmp_path / precision / "train_log.jsonl").read_text().splitlines()
+        curves[precision] = torch.tensor([row["loss"] for row in map(json.loads, log) if "loss" in row])
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert len(curves["bf16"]) == 12 and torch.isfinite(curves["bf16"]).all()
+    torch.testing.assert_close(curves["bf16"], curves["no"], rtol=0.03, atol=0.0)
