@@ -146,7 +146,8 @@ class FusedRelativeAttention(torch.autograd.Function):
         scores += rel_shift(torch.matmul(q_v, r.transpose(-1, -2)), klen, shift)  # + [B, H, T, R] shifted
         scores *= scale
         scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores.float(), dim=-1).to(key.dtype)
+        low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+        probs = torch.softmax(scores.float() if low_precision else scores, dim=-1).to(key.dtype)
         del scores
         keep = None
         if dropout_p > 0:

@@ -181,7 +181,8 @@ def test_final_folder_loads_in_a_fresh_process_and_generates(reference):
     assert "model-index" in card and "Bits per character" in card and "loss_curve.png" in card
     script = textwrap.dedent(f'''
         import sys
-        sys.path = [p for p in sys.path if "{REPO}" not in p]  # only the folder's own code may be used
+        sys.path = [p for p in sys.path if p not in ("", "{REPO}")]  # only the folder's own code may be used
+        sys.modules["modeling_xl"] = sys.modules["tokenization"] = None  # (the project may be installed editable)
         from transformers import AutoModelForCausalLM, AutoTokenizer
         model = AutoModelForCausalLM.from_pretrained("{reference}", trust_remote_code=True)
         tok = AutoTokenizer.from_pretrained("{reference}", trust_remote_code=True)
