@@ -23,6 +23,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from .configuration_transformer_xl import TransformerXLConfig
+from .dropout import Dropout
 from .modeling_transformer_xl import AUTO_MAP, TransformerXLModel, TransformerXLPreTrainedModel, complete_auto_map
 
 CLASSIFICATION_AUTO_MAP = {
@@ -125,7 +126,7 @@ class SequenceSummary(nn.Module):
         super().__init__()
         self.summary = nn.Linear(config.d_model, config.d_model)
         self.activation = nn.Tanh()
-        self.last_dropout = nn.Dropout(config.classifier_dropout)
+        self.last_dropout = Dropout(config.classifier_dropout)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.last_dropout(self.activation(self.summary(pooled)))

@@ -25,6 +25,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
 from .configuration_transformer_xl import TransformerXLConfig
+from .dropout import Dropout
 from .modeling_transformer_xl import (
     PositionwiseFF,
     TransformerXLModelOutput,
@@ -136,7 +137,7 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
             self.r_w_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
             self.r_r_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
             self.r_s_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.layers = nn.ModuleList(PermutationLMLayer(config) for _ in range(config.n_layer))
         self.post_init()
 

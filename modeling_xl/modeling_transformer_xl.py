@@ -19,6 +19,7 @@ from transformers.utils import ModelOutput
 
 from .adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, needs_projections
 from .configuration_transformer_xl import TransformerXLConfig
+from .dropout import Dropout, relu_dropout
 from .relative_attention import RelativeMultiHeadAttention, causal_mask, relative_positions, sinusoid_table
 
 
@@ -120,13 +121,17 @@ class PositionwiseFF(nn.Module):
         self.layer_1 = nn.Linear(config.d_model, config.d_inner)
         self.layer_2 = nn.Linear(config.d_inner, config.d_model)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.act = nn.ReLU() if config.ff_activation == "relu" else nn.GELU()
         self.pre_lnorm = config.pre_lnorm
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         x = self.layer_norm(h) if self.pre_lnorm else h
-        out = h + self.drop(self.layer_2(self.drop(self.act(self.layer_1(x)))))
+        if isinstance(self.act, nn.ReLU):  # one autograd node that saves only its output (dropout.py)
+            inner = relu_dropout(self.layer_1(x), self.drop.p, self.training)
+        else:
+            inner = self.drop(self.act(self.layer_1(x)))
+        out = h + self.drop(self.layer_2(inner))
         return out if self.pre_lnorm else self.layer_norm(out)
 
 
@@ -232,7 +237,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
     def __init__(self, config: TransformerXLConfig):
         super().__init__(config)
         self.word_emb = AdaptiveEmbedding(config)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         if not config.untie_r:  # one (u, v) pair shared by all layers
             self.r_w_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
             self.r_r_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))

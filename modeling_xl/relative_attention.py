@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .dropout import Dropout, dropout, keep_mask
+
 
 def relative_positions(klen: int, qlen: int = 0, clamp_len: int = -1, bidirectional: bool = False) -> torch.Tensor:
     """Relative distances, largest first, covered by the position table.
@@ -113,7 +115,7 @@ def attend(
         return out, None
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale + bias  # [B, H, T, K]
     probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
-    probs_dropped = F.dropout(probs, p=dropout_p, training=dropout_p > 0)
+    probs_dropped = dropout(probs, dropout_p)
     return torch.matmul(probs_dropped, value), (probs if output_attentions else None)
 
 
@@ -151,8 +153,9 @@ class FusedRelativeAttention(torch.autograd.Function):
         del scores
         keep = None
         if dropout_p > 0:
-            keep = torch.rand_like(probs) >= dropout_p
-            out = torch.matmul(probs * keep / (1 - dropout_p), value)
+            keep, keep_scale = keep_mask(probs.shape, dropout_p, probs.device)
+            out = torch.matmul(probs * keep * keep_scale, value)
+            ctx.keep_scale = keep_scale
         else:
             out = torch.matmul(probs, value)
         ctx.save_for_backward(q_u, q_v, key, value, r, mask, probs, keep)
@@ -169,14 +172,13 @@ class FusedRelativeAttention(torch.autograd.Function):
     def _backward(ctx, grad_out):
         q_u, q_v, key, value, r, mask, probs, keep = ctx.saved_tensors
         grad_out = grad_out.to(key.dtype)
-        p = ctx.dropout_p
         grad_out = grad_out.contiguous()
-        dropped = probs if keep is None else probs * keep / (1 - p)
+        dropped = probs if keep is None else probs * keep * ctx.keep_scale
         grad_value = torch.matmul(dropped.transpose(-1, -2), grad_out)
         del dropped
         grad_probs = torch.matmul(grad_out, value.transpose(-1, -2))  # [B, H, T, K]
         if keep is not None:
-            grad_probs.mul_(keep).div_(1 - p)
+            grad_probs.mul_(keep).mul_(ctx.keep_scale)
         grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
         del grad_probs
         grad_scores.mul_(ctx.scale).masked_fill_(mask, 0.0)
@@ -209,7 +211,7 @@ class RelativeMultiHeadAttention(nn.Module):
         self.r_net = nn.Linear(config.d_model, inner, bias=False)
         self.o_net = nn.Linear(inner, config.d_model, bias=False)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.dropatt = config.dropatt
         self.pre_lnorm = config.pre_lnorm
         if config.untie_r:

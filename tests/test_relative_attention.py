@@ -97,14 +97,14 @@ def test_attend_fully_masked_row_is_uniform_not_nan():
     torch.testing.assert_close(probs[0, 0, 0], torch.full((3,), 1 / 3))
 
 
-def _reference_attention(q_u, q_v, k, v, r, mask, keep=None, p=0.0):
-    """Unfused: position scores via rel_shift, softmax, optional dropout mask (keep / (1 - p))."""
+def _reference_attention(q_u, q_v, k, v, r, mask, keep=None, keep_scale=1.0):
+    """Unfused: position scores via rel_shift, softmax, optional dropout mask (keep * keep_scale)."""
     qlen, klen, d = q_u.size(-2), k.size(-2), q_u.size(-1)
     bd = rel_shift(torch.matmul(q_v, r.transpose(-1, -2)), klen, qlen - 1)
     scores = (q_u @ k.transpose(-1, -2) + bd) / d**0.5
     probs = torch.softmax(scores.masked_fill(mask, torch.finfo(scores.dtype).min), -1)
     if keep is not None:
-        probs = probs * keep / (1 - p)
+        probs = probs * keep * keep_scale
     return probs @ v
 
 
@@ -125,6 +125,7 @@ def test_fused_relative_attention_matches_unfused_with_gradients(mask_kind):
 
 
 def test_fused_relative_attention_dropout_matches_unfused():
+    from modeling_xl.dropout import keep_mask
     from modeling_xl.relative_attention import FusedRelativeAttention
 
     B, H, T, M, D, p = 2, 2, 4, 3, 8, 0.3
@@ -136,8 +137,9 @@ def test_fused_relative_attention_dropout_matches_unfused():
     torch.manual_seed(5)
     out = FusedRelativeAttention.apply(*args, mask, T - 1, p)
     torch.manual_seed(5)
-    keep = torch.rand(B, H, T, K, dtype=torch.double) >= p
-    want = _reference_attention(*args, mask, keep, p)
+    keep, keep_scale = keep_mask((B, H, T, K), p)
+    assert 0 < keep.sum() < keep.numel() and keep_scale == pytest.approx(1 / (1 - p))
+    want = _reference_attention(*args, mask, keep, keep_scale)
     torch.testing.assert_close(out, want)
     grad = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, args, grad), torch.autograd.grad(want, args, grad)):

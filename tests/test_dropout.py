@@ -1,0 +1,88 @@
+"""The package's dropout (modeling_xl/dropout.py): mask statistics, seeding, and gradients against the plain ops."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from modeling_xl.dropout import Dropout, dropout, keep_mask, relu_dropout
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_keep_mask_rate_and_scale(p):
+    torch.manual_seed(0)
+    keep, scale = keep_mask((1000, 1001), p)  # odd element count: the last 64-bit word is half used
+    assert keep.shape == (1000, 1001) and keep.dtype == torch.bool
+    # 1e6 Bernoulli draws: standard error of the rate is below 5e-4
+    assert keep.float().mean().item() == pytest.approx(1 - p, abs=3e-3)
+    assert scale == pytest.approx(1 / (1 - p), rel=1e-8)
+
+
+def test_keep_mask_columns_are_independent_of_word_halves():
+    """Even and odd elements come from the two halves of one 64-bit word; both halves must be uniform."""
+    torch.manual_seed(1)
+    keep, _ = keep_mask((200_000, 2), 0.5)
+    even, odd = keep[:, 0].float(), keep[:, 1].float()
+    assert even.mean().item() == pytest.approx(0.5, abs=5e-3)
+    assert odd.mean().item() == pytest.approx(0.5, abs=5e-3)
+    assert ((even - 0.5) * (odd - 0.5)).mean().item() == pytest.approx(0.0, abs=5e-3)
+
+
+def test_keep_mask_edges_and_seeding():
+    assert keep_mask((3, 4), 0.0)[0].all()
+    keep, scale = keep_mask((3, 4), 1.0)
+    assert not keep.any() and scale == 0.0
+    torch.manual_seed(7)
+    a = keep_mask((50,), 0.3)[0]
+    torch.manual_seed(7)
+    assert torch.equal(a, keep_mask((50,), 0.3)[0])
+    with pytest.raises(ValueError, match="p=1.5"):
+        keep_mask((2,), 1.5)
+    with pytest.raises(ValueError, match="p=-0.1"):
+        Dropout(-0.1)
+
+
+def test_dropout_matches_mask_and_gradient():
+    x = torch.randn(6, 7, dtype=torch.double, requires_grad=True)
+    torch.manual_seed(3)
+    y = dropout(x, 0.4)
+    torch.manual_seed(3)
+    keep, scale = keep_mask((6, 7), 0.4)
+    torch.testing.assert_close(y, x * keep * scale)
+    (grad,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    torch.testing.assert_close(grad, (keep * scale).double())
+    assert dropout(x, 0.4, training=False) is x
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_relu_dropout_equals_relu_then_dropout(p):
+    x = torch.randn(5, 9, dtype=torch.double)
+    x[0, :3] = 0.0  # relu'(0) = 0, as torch's threshold_backward
+    x.requires_grad_(True)
+    torch.manual_seed(11)
+    y = relu_dropout(x, p)
+    torch.manual_seed(11)
+    want = F.relu(x)
+    if p > 0:
+        keep, scale = keep_mask(x.shape, p)
+        want = want * keep * scale
+    torch.testing.assert_close(y, want)
+    grad_out = torch.randn_like(y)
+    torch.testing.assert_close(torch.autograd.grad(y, x, grad_out)[0], torch.autograd.grad(want, x, grad_out)[0])
+
+
+def test_relu_dropout_without_grad_and_in_eval():
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(relu_dropout(x, 0.5, training=False), F.relu(x))
+    with torch.no_grad():
+        torch.manual_seed(2)
+        y = relu_dropout(x, 0.5)
+    torch.manual_seed(2)
+    keep, scale = keep_mask(x.shape, 0.5)
+    torch.testing.assert_close(y, F.relu(x) * keep * scale)
+
+
+def test_dropout_module_is_a_drop_in():
+    module = Dropout(0.25)
+    assert module.p == 0.25 and "p=0.25" in repr(module)
+    x = torch.randn(3, 3)
+    assert module.eval()(x) is x
