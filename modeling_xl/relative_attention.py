@@ -105,6 +105,8 @@ def attend(
     (the position and segment terms, unscaled), mask bool broadcastable to [B, H, T, K] (True = hidden).
     A fully hidden row gets uniform weights instead of NaN (as XLNet's `-1e30` does).
     """
+    if torch.is_grad_enabled() and not output_attentions:
+        return FusedBiasedAttention.apply(query, key, value, score_bias, mask, dropout_p), None
     scale = 1.0 / math.sqrt(query.size(-1))
     bias = score_bias * scale
     if mask is not None:
@@ -119,6 +121,51 @@ def attend(
     return torch.matmul(probs_dropped, value), (probs if output_attentions else None)
 
 
+# Mixed precision in the fused attentions: inputs may mix the autocast dtype (projections) and float32 (q + bias,
+# position tables). They compute in the keys' dtype with autocast off, softmax in float32, and hand gradients back in
+# each input's own dtype.
+def _common_dtype(ctx, tensors, like: torch.Tensor) -> list[torch.Tensor]:
+    ctx.input_dtypes = [t.dtype for t in tensors]
+    return [t.to(like.dtype) for t in tensors]
+
+
+def _input_dtypes(ctx, grads) -> list[torch.Tensor]:
+    return [g.to(dtype) for g, dtype in zip(grads, ctx.input_dtypes)]
+
+
+def _softmax_dropout_value(scores, value, mask, dropout_p: float, scale: float):
+    """Forward core of the fused attentions: softmax(scores * scale, masked), dropout, @ value. `scores` [B, H, T, K]
+    (the raw sum of score terms) is scaled and masked in place. Returns (out, probs, keep-mask or None, keep scale)."""
+    scores *= scale
+    if mask is not None:
+        scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
+    low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+    probs = torch.softmax(scores.float() if low_precision else scores, dim=-1).to(value.dtype)
+    del scores
+    if dropout_p == 0:
+        return torch.matmul(probs, value), probs, None, 1.0
+    keep, keep_scale = keep_mask(probs.shape, dropout_p, probs.device)
+    return torch.matmul(probs * keep * keep_scale, value), probs, keep, keep_scale
+
+
+def _softmax_dropout_value_backward(grad_out, value, mask, probs, keep, keep_scale: float, scale: float):
+    """(grad of value, grad of the raw score sum): dV = P'^T dO with P' the dropped probabilities, dP = dO V^T
+    (masked like P'), dS = P * (dP - rowsum(dP * P)) * scale, zero where masked."""
+    grad_out = grad_out.to(value.dtype).contiguous()
+    dropped = probs if keep is None else probs * keep * keep_scale
+    grad_value = torch.matmul(dropped.transpose(-1, -2), grad_out)
+    del dropped
+    grad_probs = torch.matmul(grad_out, value.transpose(-1, -2))  # [B, H, T, K]
+    if keep is not None:
+        grad_probs.mul_(keep).mul_(keep_scale)
+    grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+    del grad_probs
+    grad_scores.mul_(scale)
+    if mask is not None:
+        grad_scores.masked_fill_(mask, 0.0)
+    return grad_value, grad_scores
+
+
 class FusedRelativeAttention(torch.autograd.Function):
     """softmax(((q + u) . k + rel_shift((q + v) . r)) / sqrt(D), masked) @ value as one autograd node, for training.
 
@@ -126,73 +173,76 @@ class FusedRelativeAttention(torch.autograd.Function):
     are saved for backward; the scaled, shifted and masked scores are built in place. Autograd through the separate
     ops keeps several [B, H, T, K] tensors alive, and on CPU SDPA falls back to its unfused math path in training;
     this is where both the step time and the peak memory of long segments go (benchmarks/README.md).
-    Backward (the standard softmax-attention gradient): dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)) /
-    sqrt(D) (zero where masked); the content part gives dq_u = dS k, dk = dS^T q_u; the position part is dS shifted
-    back into the table (the inverse of `rel_shift`: every visible entry has one source) giving dq_v and dr.
-    Inputs: q_u, q_v [B, H, T, D]; key, value [B, H, K, D]; r [H, R, D]; mask bool broadcastable to [B, H, T, K].
+    Backward (the standard softmax-attention gradient, `_softmax_dropout_value_backward`) gives dS; the content part
+    gives dq_u = dS k, dk = dS^T q_u; the position part is dS shifted back into the table (the inverse of `rel_shift`:
+    every visible entry has one source) giving dq_v and dr.
+    Inputs: q_u, q_v [B, H, T, D]; key, value [B, H, K, D]; r [H, R, D]; mask bool broadcastable to [B, H, T, K];
+    shift (see `rel_shift`); dropout_p.
     """
 
     @staticmethod
     def forward(ctx, q_u, q_v, key, value, r, mask, shift: int, dropout_p: float):
-        # Mixed precision: inputs may mix the autocast dtype (projections) and float32 (q + bias); compute in the
-        # keys' dtype with autocast off, softmax in float32, and hand gradients back in each input's own dtype.
-        ctx.input_dtypes = [t.dtype for t in (q_u, q_v, key, value, r)]
         with torch.autocast(key.device.type, enabled=False):
-            q_u, q_v, value, r = (t.to(key.dtype) for t in (q_u, q_v, value, r))
-            return FusedRelativeAttention._forward(ctx, q_u, q_v, key, value, r, mask, shift, dropout_p)
-
-    @staticmethod
-    def _forward(ctx, q_u, q_v, key, value, r, mask, shift: int, dropout_p: float):
-        klen, scale = key.size(2), 1.0 / math.sqrt(q_u.size(-1))
-        scores = torch.matmul(q_u, key.transpose(-1, -2))  # [B, H, T, K]
-        scores += rel_shift(torch.matmul(q_v, r.transpose(-1, -2)), klen, shift)  # + [B, H, T, R] shifted
-        scores *= scale
-        scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
-        low_precision = scores.dtype in (torch.float16, torch.bfloat16)
-        probs = torch.softmax(scores.float() if low_precision else scores, dim=-1).to(key.dtype)
-        del scores
-        keep = None
-        if dropout_p > 0:
-            keep, keep_scale = keep_mask(probs.shape, dropout_p, probs.device)
-            out = torch.matmul(probs * keep * keep_scale, value)
-            ctx.keep_scale = keep_scale
-        else:
-            out = torch.matmul(probs, value)
+            q_u, q_v, key, value, r = _common_dtype(ctx, (q_u, q_v, key, value, r), key)
+            klen, scale = key.size(2), 1.0 / math.sqrt(q_u.size(-1))
+            scores = torch.matmul(q_u, key.transpose(-1, -2))  # [B, H, T, K]
+            scores += rel_shift(torch.matmul(q_v, r.transpose(-1, -2)), klen, shift)  # + [B, H, T, R] shifted
+            out, probs, keep, ctx.keep_scale = _softmax_dropout_value(scores, value, mask, dropout_p, scale)
         ctx.save_for_backward(q_u, q_v, key, value, r, mask, probs, keep)
-        ctx.shift, ctx.dropout_p, ctx.scale = shift, dropout_p, scale
+        ctx.shift, ctx.scale = shift, scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
+        q_u, q_v, key, value, r, mask, probs, keep = ctx.saved_tensors
         with torch.autocast(grad_out.device.type, enabled=False):
-            grads = FusedRelativeAttention._backward(ctx, grad_out)
-        return (*(g.to(dtype) for g, dtype in zip(grads, ctx.input_dtypes)), None, None, None)
+            grad_value, grad_scores = _softmax_dropout_value_backward(grad_out, value, mask, probs, keep,
+                                                                      ctx.keep_scale, ctx.scale)
+            grad_q_u = torch.matmul(grad_scores, key)
+            grad_key = torch.matmul(grad_scores.transpose(-1, -2), q_u)
+            *lead, qlen, klen = grad_scores.shape
+            rlen, shift = r.size(1), ctx.shift
+            padded = grad_scores.new_zeros(*lead, qlen, rlen + 1)  # the inverse of rel_shift's pad + view
+            padded.flatten(-2)[..., shift : shift + qlen * rlen].view(*lead, qlen, rlen)[..., :klen] = grad_scores
+            del grad_scores
+            grad_bd = padded[..., :rlen]  # [B, H, T, R]
+            grad_q_v = torch.matmul(grad_bd, r)
+            grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v).sum(0)  # [H, R, D]
+        grads = _input_dtypes(ctx, (grad_q_u, grad_q_v, grad_key, grad_value, grad_r))
+        return (*grads, None, None, None)
+
+
+class FusedBiasedAttention(torch.autograd.Function):
+    """softmax((query . key + score_bias) / sqrt(D), masked) @ value as one autograd node: `attend` in training.
+
+    For score terms built outside (XLNet's two streams: positions gathered per target, segment terms, two tables).
+    Saves query, key, value, mask, the probabilities and the keep-mask, not the bias; the bias gets the gradient of
+    the score sum (summed over its broadcast dimensions). Inputs: query [B, H, T, D], key/value [B, H, K, D],
+    score_bias broadcastable to [B, H, T, K], mask bool broadcastable or None, dropout_p.
+    """
 
     @staticmethod
-    def _backward(ctx, grad_out):
-        q_u, q_v, key, value, r, mask, probs, keep = ctx.saved_tensors
-        grad_out = grad_out.to(key.dtype)
-        grad_out = grad_out.contiguous()
-        dropped = probs if keep is None else probs * keep * ctx.keep_scale
-        grad_value = torch.matmul(dropped.transpose(-1, -2), grad_out)
-        del dropped
-        grad_probs = torch.matmul(grad_out, value.transpose(-1, -2))  # [B, H, T, K]
-        if keep is not None:
-            grad_probs.mul_(keep).mul_(ctx.keep_scale)
-        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
-        del grad_probs
-        grad_scores.mul_(ctx.scale).masked_fill_(mask, 0.0)
-        grad_q_u = torch.matmul(grad_scores, key)
-        grad_key = torch.matmul(grad_scores.transpose(-1, -2), q_u)
-        *lead, qlen, klen = grad_scores.shape
-        rlen = r.size(1)
-        padded = grad_scores.new_zeros(*lead, qlen, rlen + 1)  # the inverse of rel_shift's pad + view
-        padded.flatten(-2)[..., ctx.shift : ctx.shift + qlen * rlen].view(*lead, qlen, rlen)[..., :klen] = grad_scores
-        del grad_scores
-        grad_bd = padded[..., :rlen]  # [B, H, T, R]
-        grad_q_v = torch.matmul(grad_bd, r)
-        grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v).sum(0)  # [H, R, D]
-        return grad_q_u, grad_q_v, grad_key, grad_value, grad_r
+    def forward(ctx, query, key, value, score_bias, mask, dropout_p: float):
+        with torch.autocast(key.device.type, enabled=False):
+            query, key, value, score_bias = _common_dtype(ctx, (query, key, value, score_bias), key)
+            scale = 1.0 / math.sqrt(query.size(-1))
+            scores = torch.matmul(query, key.transpose(-1, -2))  # [B, H, T, K]
+            scores += score_bias
+            out, probs, keep, ctx.keep_scale = _softmax_dropout_value(scores, value, mask, dropout_p, scale)
+        ctx.save_for_backward(query, key, value, mask, probs, keep)
+        ctx.bias_shape, ctx.scale = score_bias.shape, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, mask, probs, keep = ctx.saved_tensors
+        with torch.autocast(grad_out.device.type, enabled=False):
+            grad_value, grad_scores = _softmax_dropout_value_backward(grad_out, value, mask, probs, keep,
+                                                                      ctx.keep_scale, ctx.scale)
+            grad_query = torch.matmul(grad_scores, key)
+            grad_key = torch.matmul(grad_scores.transpose(-1, -2), query)
+            grad_bias = grad_scores.sum_to_size(ctx.bias_shape)
+        return (*_input_dtypes(ctx, (grad_query, grad_key, grad_value, grad_bias)), None, None)
 
 
 class RelativeMultiHeadAttention(nn.Module):

@@ -144,3 +144,45 @@ def test_fused_relative_attention_dropout_matches_unfused():
     grad = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, args, grad), torch.autograd.grad(want, args, grad)):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("bias_shape,with_mask", [((2, 3, 5, 9), True), ((1, 3, 5, 9), True), ((2, 1, 5, 9), False)])
+def test_fused_biased_attention_matches_attend_with_gradients(bias_shape, with_mask):
+    """`attend` in training (FusedBiasedAttention) against the same formula through plain autograd ops, including a
+    bias broadcast over batch or heads (its gradient is summed back) and no mask."""
+    from modeling_xl.relative_attention import FusedBiasedAttention
+
+    B, H, T, K, D = 2, 3, 5, 9, 8
+    mask = causal_mask(T, K - T)[None, None] if with_mask else None
+    args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True)]
+    args += [torch.randn(B, H, K, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
+    args += [torch.randn(*bias_shape, dtype=torch.double, requires_grad=True)]
+
+    def reference(q, k, v, bias):
+        scores = (q @ k.transpose(-1, -2) + bias) / D**0.5
+        if mask is not None:
+            scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+        return torch.softmax(scores, -1) @ v
+
+    out, probs = attend(*args, mask, dropout_p=0.0)
+    assert probs is None
+    torch.testing.assert_close(out, reference(*args))
+    assert torch.autograd.gradcheck(lambda *a: FusedBiasedAttention.apply(*a, mask, 0.0), args)
+
+
+def test_fused_biased_attention_dropout_uses_the_package_mask():
+    from modeling_xl.dropout import keep_mask
+    from modeling_xl.relative_attention import FusedBiasedAttention
+
+    B, H, T, K, D, p = 1, 2, 4, 6, 8, 0.25
+    q, k, v = (torch.randn(B, H, n, D, dtype=torch.double, requires_grad=True) for n in (T, K, K))
+    bias = torch.randn(B, H, T, K, dtype=torch.double, requires_grad=True)
+    torch.manual_seed(9)
+    out = FusedBiasedAttention.apply(q, k, v, bias, None, p)
+    torch.manual_seed(9)
+    keep, keep_scale = keep_mask((B, H, T, K), p)
+    want = torch.softmax((q @ k.transpose(-1, -2) + bias) / D**0.5, -1) * keep * keep_scale @ v
+    torch.testing.assert_close(out, want)
+    grad = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v, bias), grad), torch.autograd.grad(want, (q, k, v, bias), grad)):
+        torch.testing.assert_close(a, b)
