@@ -2,10 +2,17 @@
 
 Same config, same weights (the legacy model is created in its own venv with a seed and saved; ours loads that folder
 through `from_pretrained`, which converts it), same WikiText-2 batches (word level, contiguous streams, memory carried),
-float32, 2 threads. Every measurement runs in a fresh process; ours and legacy alternate `--repeats` times and the
-medians are compared, so both sides of a ratio come from the same run of this script.
+float32, 2 threads, the same optimizer on both sides (`--optimizer`, default torch's fused Adam). Every measurement runs
+in a fresh process; ours and legacy alternate `--repeats` times and the medians are compared, so both sides of a ratio
+come from the same run of this script.
 
-    python benchmarks/bench_causal_lm.py --legacy-python /work/venv435/bin/python
+The matmul floor: each worker counts the matrix-product FLOPs of one training step (FlopCounterMode); divided by the
+float32 torch.mm rate measured here (2048^2, 2 threads) it is the time a step would take if every product ran at that
+rate and nothing else cost anything. `legacy step / our floor` is therefore the largest ratio any float32
+implementation doing our products could reach on this machine. `--bf16` adds a training row under
+`torch.autocast("cpu", torch.bfloat16)` for both sides (a precision change, reported apart from the float32 targets).
+
+    python benchmarks/bench_causal_lm.py --legacy-python /work/venv435/bin/python [--bf16]
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     OUR_PYTHON,
+    matmul_flops,
     print_table,
     run_worker,
+    set_threads,
     stream_segments,
     word_level_ids,
     write_json,
@@ -68,7 +77,15 @@ def ensure_legacy_python(path: str | None) -> str:
     return str(python)
 
 
-def measure(name: str, spec: dict, legacy_python: str, repeats: int, workdir: Path, modes=("train", "eval")) -> dict:
+MODES = {  # row label -> worker options
+    "train": dict(mode="train"),
+    "eval": dict(mode="eval"),
+    "train_bf16": dict(mode="train", autocast="bf16"),
+}
+
+
+def measure(name: str, spec: dict, legacy_python: str, repeats: int, workdir: Path, modes=("train", "eval"),
+            optimizer: str = "adam-fused") -> dict:
     model_dir = workdir / f"{name}-legacy"
     created = run_worker(legacy_python, WORKER, dict(impl="legacy", mode="create", seed=1234, model_dir=str(model_dir),
                                                      config=legacy_config(spec["model"])))
@@ -77,14 +94,24 @@ def measure(name: str, spec: dict, legacy_python: str, repeats: int, workdir: Pa
     data_path = workdir / f"{name}-segments.pt"
     torch.save(torch.stack(stream_segments(ids, spec["batch"], spec["tgt_len"], n_seg)), data_path)
     result = {"n_params": created["n_params"], "spec": spec}
-    for mode in modes:
-        steps = spec[f"{mode}_steps"]
+    for label in modes:
+        options = MODES[label]
+        steps = spec[f"{options['mode']}_steps"]
         runs = {"ours": [], "legacy": []}
+        failures = {}
         for _ in range(repeats):  # alternate so that load changes on the shared machine hit both sides alike
             for impl, python in (("ours", OUR_PYTHON), ("legacy", legacy_python)):
-                runs[impl].append(run_worker(python, WORKER, dict(impl=impl, mode=mode, model_dir=str(model_dir),
-                                                                  data_path=str(data_path), warmup=2, steps=steps)))
-        result[mode] = {impl: digest(r) for impl, r in runs.items()}
+                if impl in failures:
+                    continue
+                worker_args = dict(options, impl=impl, model_dir=str(model_dir), data_path=str(data_path),
+                                   warmup=2, steps=steps, optimizer=optimizer)
+                try:
+                    runs[impl].append(run_worker(python, WORKER, worker_args))
+                except RuntimeError as error:
+                    if "autocast" not in options:
+                        raise
+                    failures[impl] = str(error).strip().splitlines()[-1]  # e.g. legacy div_val > 1 under bf16
+        result[label] = {impl: {"error": failures[impl]} if impl in failures else digest(r) for impl, r in runs.items()}
     return result
 
 
@@ -100,6 +127,8 @@ def digest(runs: list[dict]) -> dict:
         "peak_mb_per_run": [r["peak_bytes"] / 2**20 for r in runs],
         "peak_method": runs[0]["peak_method"],
         "first_losses": runs[0]["losses"][:3],
+        "matmul_flops_per_step": runs[0]["matmul_flops_per_step"],
+        "tensor_peak_mb": statistics.median(r["tensor_peak_bytes"] for r in runs) / 2**20,
     }
 
 
@@ -108,23 +137,48 @@ def main(argv=None) -> dict:
     parser.add_argument("--legacy-python", default=None, help="interpreter with transformers==4.35.0")
     parser.add_argument("--presets", nargs="+", default=list(BENCH_PRESETS), choices=list(BENCH_PRESETS))
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per side and measurement")
+    parser.add_argument("--optimizer", default="adam-fused", choices=["adam", "adam-fused"],
+                        help="the same on both sides: torch.optim.Adam, default or fused=True")
+    parser.add_argument("--bf16", action="store_true", help="also time training under bfloat16 autocast")
     parser.add_argument("--output", default="benchmarks/results/causal_lm.json")
     args = parser.parse_args(argv)
     legacy_python = ensure_legacy_python(args.legacy_python)
+    set_threads()
+    rates = [matmul_flops(2048, repeats=5)["flops_per_s"]]
+    modes = ("train", "eval", "train_bf16") if args.bf16 else ("train", "eval")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.presets:
-            results[name] = measure(name, BENCH_PRESETS[name], legacy_python, args.repeats, Path(tmp))
+            results[name] = measure(name, BENCH_PRESETS[name], legacy_python, args.repeats, Path(tmp), modes,
+                                    args.optimizer)
+    rates.append(matmul_flops(2048, repeats=5)["flops_per_s"])
+    rate = statistics.median(rates)
     rows = []
     for name, res in results.items():
-        for mode in ("train", "eval"):
+        for mode in modes:
             ours, legacy = res[mode]["ours"], res[mode]["legacy"]
+            if "error" in ours or "error" in legacy:
+                rows.append([name, f"{mode} tokens/s", ours.get("error", ours.get("tokens_per_s")),
+                             legacy.get("error", legacy.get("tokens_per_s")), "fails"])
+                continue
             rows.append([name, f"{mode} tokens/s", ours["tokens_per_s"], legacy["tokens_per_s"],
                          ours["tokens_per_s"] / legacy["tokens_per_s"]])
             rows.append([name, f"{mode} peak MB", ours["peak_mb"], legacy["peak_mb"],
                          ours["peak_mb"] / max(legacy["peak_mb"], 1e-9)])
+            rows.append([name, f"{mode} tensor peak MB", ours["tensor_peak_mb"], legacy["tensor_peak_mb"],
+                         ours["tensor_peak_mb"] / max(legacy["tensor_peak_mb"], 1e-9)])
+        ours, legacy = res["train"]["ours"], res["train"]["legacy"]
+        floors = {impl: side["matmul_flops_per_step"] / rate for impl, side in res["train"].items()}
+        rows.append([name, "train matmul GFLOP / step", ours["matmul_flops_per_step"] / 1e9,
+                     legacy["matmul_flops_per_step"] / 1e9,
+                     ours["matmul_flops_per_step"] / legacy["matmul_flops_per_step"]])
+        rows.append([name, "train step s (matmul floor s)", f"{ours['step_s_median']:.3g} ({floors['ours']:.3g})",
+                     f"{legacy['step_s_median']:.3g} ({floors['legacy']:.3g})", ""])
+        rows.append([name, "largest float32 ratio (legacy step / our floor)", "", "",
+                     legacy["step_s_median"] / floors["ours"]])
     table = print_table(["preset", "metric", "ours", "legacy 4.35", "ours / legacy"], rows)
-    write_json(args.output, {"results": results, "table": table, "repeats": args.repeats})
+    write_json(args.output, {"results": results, "table": table, "repeats": args.repeats, "optimizer": args.optimizer,
+                             "matmul_flops_per_s": rate, "matmul_raw": rates})
     return results
 
 

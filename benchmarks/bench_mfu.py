@@ -100,7 +100,7 @@ def main(argv=None) -> dict:
     n_seg = 8
     ids = word_level_ids(cfg.vocab_size, max_tokens=batch * (n_seg * tgt_len + 1))
     segments = stream_segments(ids, batch, tgt_len, n_seg)
-    state = {"step": 0, "mems": None, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4)}
+    state = {"step": 0, "mems": None, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)}
     training_step_times(model, segments, 2, state)  # warm-up; the memory is full (mem_len = tgt_len) from now on
     flops = flops_per_token(cfg, tgt_len, cfg.mem_len, torch.stack(segments)[:, :, 1:])
     step_times, matmul_rates = [], []

@@ -6,7 +6,11 @@ Modes:
             and `save_pretrained(model_dir)`; both sides then load these weights.
     train   forward + backward + Adam step per segment, memory carried from segment to segment.
     eval    no_grad forward with labels, memory carried.
-Answer (one JSON line): per-step seconds of the timed steps, tokens per step, peak extra memory, the losses.
+Options: `optimizer` "adam-fused" (default: `fused=True`, one kernel per step) or "adam" (torch's default);
+`autocast` "bf16" runs the forward under `torch.autocast("cpu", torch.bfloat16)` (weights and Adam stay float32).
+Answer (one JSON line): per-step seconds of the timed steps, tokens per step, peak extra memory (RSS), the losses,
+the matrix-product FLOPs of one more step counted by `torch.utils.flop_counter.FlopCounterMode` (what this
+implementation really multiplies, wasted work included) and the tensor peak of one more step (`tensor_peak`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,37 @@ def create_legacy(args) -> dict:
     return {"n_params": sum(p.numel() for p in model.parameters())}
 
 
+def one_step(model, inputs, mems, optimizer, precision):
+    """Training step (forward, backward, Adam) when `optimizer` is given, else a no_grad forward; returns the output."""
+    with torch.set_grad_enabled(optimizer is not None):
+        with precision:
+            out = model(input_ids=inputs, mems=mems, labels=inputs)
+        if optimizer is not None:
+            out.loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return out
+
+
+def tensor_peak(step, optimizer) -> int:
+    """Allocator-independent peak: the most bytes of tensors allocated during `step` and alive at once (torch
+    profiler memory events, in order), plus the optimizer state that persists between steps. Unlike RSS it holds no
+    allocator slack, thread buffers or library scratch space: what the implementation itself asks for."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    state = 0 if optimizer is None else sum(v.numel() * v.element_size() for s in optimizer.state.values()
+                                            for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    return peak + state
+
+
 def run(args) -> dict:
     set_threads(args.get("threads", 2))
     torch.manual_seed(0)
@@ -53,7 +88,9 @@ def run(args) -> dict:
     segments = torch.load(args["data_path"], weights_only=True)  # [S, B, T + 1]
     training = args["mode"] == "train"
     model.train(training)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4) if training else None
+    fused = args.get("optimizer", "adam-fused") == "adam-fused"
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=fused) if training else None
+    precision = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.get("autocast") == "bf16")
     n_warmup, n_steps = args["warmup"], args["steps"]
     memory = PeakMemory()
     memory.start()
@@ -62,20 +99,21 @@ def run(args) -> dict:
         segment = segments[step % len(segments)]
         inputs = segment[:, :-1]
         start = time.perf_counter()
-        with torch.set_grad_enabled(training):
-            out = model(input_ids=inputs, mems=mems, labels=inputs)
-            if training:
-                out.loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+        out = one_step(model, inputs, mems, optimizer, precision)
         mems = out.mems
         elapsed = time.perf_counter() - start
         losses.append(float(out.loss))
         if step >= n_warmup:
             times.append(elapsed)
     peak = memory.stop()
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        one_step(model, segments[(n_warmup + n_steps) % len(segments)][:, :-1], mems, optimizer, precision)
+    tensors = tensor_peak(lambda: one_step(model, segments[0][:, :-1], mems, optimizer, precision), optimizer)
     batch, qlen = segments.shape[1], segments.shape[2] - 1
     return {"times": times, "tokens_per_step": batch * qlen, "peak_bytes": peak, "peak_method": memory.method,
+            "matmul_flops_per_step": counter.get_total_flops(), "tensor_peak_bytes": tensors,
             "losses": losses, "mem_len_seen": int(mems[0].shape[0 if args["impl"] == "legacy" else 1])}
 
 

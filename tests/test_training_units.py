@@ -211,3 +211,21 @@ def test_failed_push_keeps_the_folder_and_says_how_to_retry(tmp_path):
         with pytest.raises(HubUploadError, match=r"(?s)no network.*intact.*hf upload someone/tiny-xl"):
             push_folder(folder, "someone/tiny-xl", token="hf_fake")
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == before
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_optimizer_is_fused_on_cpu_and_decays_only_matrices(optimizer):
+    from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+    from modeling_xl.training.models import build_optimizer, fused_supported
+
+    args = parse_args(["--preset", "debug", "--optimizer", optimizer, "--weight_decay", "0.1"])
+    model = TransformerXLForCausalLM(TransformerXLConfig.from_preset("debug"))
+    opt = build_optimizer(args, model)
+    assert all(group["fused"] for group in opt.param_groups)
+    assert not fused_supported([torch.zeros(2, dtype=torch.long)]) and not fused_supported([])
+    if optimizer == "adamw":
+        decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+        assert id(model.transformer.layers[0].attn.qkv_net.weight) in decayed
+        assert id(model.transformer.layers[0].attn.r_w_bias) not in decayed
+    model(torch.randint(0, model.config.vocab_size, (2, 5)), labels=torch.randint(0, 8, (2, 5))).loss.backward()
+    opt.step()  # the fused kernel runs on CPU
