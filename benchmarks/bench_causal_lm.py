@@ -77,10 +77,12 @@ def ensure_legacy_python(path: str | None) -> str:
     return str(python)
 
 
-MODES = {  # row label -> worker options
+MODES = {  # row label -> worker options; "ours" holds options for our side only
     "train": dict(mode="train"),
     "eval": dict(mode="eval"),
     "train_bf16": dict(mode="train", autocast="bf16"),
+    # a trade-off row, not the same work: ours recomputes each layer in backward, the legacy model cannot
+    "train_ckpt": dict(mode="train", ours=dict(checkpointing=True)),
 }
 
 
@@ -103,7 +105,9 @@ def measure(name: str, spec: dict, legacy_python: str, repeats: int, workdir: Pa
             for impl, python in (("ours", OUR_PYTHON), ("legacy", legacy_python)):
                 if impl in failures:
                     continue
-                worker_args = dict(options, impl=impl, model_dir=str(model_dir), data_path=str(data_path),
+                shared = {key: value for key, value in options.items() if key != "ours"}
+                own = options.get("ours", {}) if impl == "ours" else {}
+                worker_args = dict(shared, **own, impl=impl, model_dir=str(model_dir), data_path=str(data_path),
                                    warmup=2, steps=steps, optimizer=optimizer)
                 try:
                     runs[impl].append(run_worker(python, WORKER, worker_args))
@@ -140,12 +144,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--optimizer", default="adam-fused", choices=["adam", "adam-fused"],
                         help="the same on both sides: torch.optim.Adam, default or fused=True")
     parser.add_argument("--bf16", action="store_true", help="also time training under bfloat16 autocast")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="also time our training with activation checkpointing against legacy plain training")
     parser.add_argument("--output", default="benchmarks/results/causal_lm.json")
     args = parser.parse_args(argv)
     legacy_python = ensure_legacy_python(args.legacy_python)
     set_threads()
     rates = [matmul_flops(2048, repeats=5)["flops_per_s"]]
-    modes = ("train", "eval", "train_bf16") if args.bf16 else ("train", "eval")
+    modes = ("train", "eval") + ("train_bf16",) * args.bf16 + ("train_ckpt",) * args.checkpointing
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.presets:

@@ -101,7 +101,8 @@ class PeakMemory:
 def word_level_ids(vocab_size: int, max_tokens: int | None = None, path: Path = WIKITEXT2_TRAIN) -> torch.Tensor:
     """WikiText-2 train as word ids: whitespace split plus `<eos>` at each line end (the paper's corpus reader), ids
     sorted by frequency (what the adaptive softmax cutoffs expect), words past `vocab_size - 1` mapped to `<unk>`.
-    Our project has no word-level tokenizer yet (`tokenization/` is empty), hence this small vocabulary."""
+    Written with torch alone (not `tokenization.word_level`) because this module also runs in the legacy interpreter,
+    which does not have the project installed."""
     words = []
     with open(path, encoding="utf-8") as f:
         for line in f:
