@@ -20,6 +20,7 @@ from transformers.utils import ModelOutput
 from .adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, needs_projections
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout, relu_dropout
+from .inference_cache import enabled as cache_enabled
 from .relative_attention import RelativeMultiHeadAttention, causal_mask, relative_positions, sinusoid_table
 
 
@@ -242,6 +243,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             self.r_w_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
             self.r_r_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
         self.layers = nn.ModuleList(TransformerXLLayer(config) for _ in range(config.n_layer))
+        self._position_table = None  # (key, table): see position_embeddings
         self.post_init()
 
     def get_input_embeddings(self):
@@ -251,9 +253,16 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         self.word_emb = value
 
     def position_embeddings(self, klen: int, dtype: torch.dtype, device) -> torch.Tensor:
-        """Sinusoid vectors of distances klen-1..0 (clamped), [K, d_model]."""
+        """Sinusoid vectors of distances klen-1..0 (clamped), [K, d_model]. Without gradients the same table object
+        is returned for the same length, so that the layers can reuse their projections of it (inference_cache)."""
+        key = (klen, dtype, torch.device(device), self.config.clamp_len, self.config.d_model)
+        if cache_enabled() and self._position_table is not None and self._position_table[0] == key:
+            return self._position_table[1]
         pos = relative_positions(klen, clamp_len=self.config.clamp_len).to(device)
-        return sinusoid_table(pos, self.config.d_model).to(dtype)
+        table = sinusoid_table(pos, self.config.d_model).to(dtype)
+        if cache_enabled():
+            self._position_table = (key, table)
+        return table
 
     def forward(
         self,
@@ -292,9 +301,12 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             attentions.append(probs)
         h = self.drop(h)
 
+        new_mems = update_memory(mems, hiddens, cfg.mem_len)
+        for i, layer in enumerate(self.layers):
+            layer.attn.keep_memory_projection(None if new_mems is None else new_mems[i])
         out = TransformerXLModelOutput(
             last_hidden_state=h,
-            mems=update_memory(mems, hiddens, cfg.mem_len),
+            mems=new_mems,
             hidden_states=(*hiddens, h) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )

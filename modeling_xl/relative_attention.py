@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dropout import Dropout, dropout, keep_mask
+from .inference_cache import ProjectionCache
+from .inference_cache import enabled as cache_enabled
 
 
 def relative_positions(klen: int, qlen: int = 0, clamp_len: int = -1, bidirectional: bool = False) -> torch.Tensor:
@@ -268,27 +270,56 @@ class RelativeMultiHeadAttention(nn.Module):
             self.r_w_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
             self.r_r_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
         self.use_sdpa = config._attn_implementation != "eager"
+        # without gradients: keys/values of the memory and the projected position table, reused (inference_cache)
+        self.memory_cache = ProjectionCache()
+        self.position_cache = ProjectionCache()
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, L, H*D] -> [B, H, L, D]."""
         return x.view(x.size(0), x.size(1), self.n_head, self.d_head).transpose(1, 2)
 
-    def project(self, h: torch.Tensor, mem: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """Queries from `h` [B, T, d]; keys and values from `[mem; h]` [B, M+T, d]. Each [B, H, *, D]."""
-        if self.pre_lnorm:
-            h = self.layer_norm(h)
-            mem = None if mem is None else self.layer_norm(mem)
+    def project(self, h: torch.Tensor, mem: torch.Tensor | None, keep: bool = False) -> tuple[torch.Tensor, ...]:
+        """Queries from `h` [B, T, d]; keys and values from `[mem; h]` [B, M+T, d]. Each [B, H, *, D]. With `keep`
+        (and no gradients) the keys and values stay pending until `keep_memory_projection`."""
         inner = self.n_head * self.d_head
-        q, k, v = F.linear(h, self.qkv_net.weight).split(inner, dim=-1)
+        q, k, v = F.linear(self.layer_norm(h) if self.pre_lnorm else h, self.qkv_net.weight).split(inner, dim=-1)
         if mem is not None and mem.size(1) > 0:
-            k_mem, v_mem = F.linear(mem, self.qkv_net.weight[inner:]).split(inner, dim=-1)
-            k, v = torch.cat([k_mem, k], dim=1), torch.cat([v_mem, v], dim=1)
+            cached = self.memory_cache.get(mem, self._memory_weights()) if cache_enabled() else None
+            if cached is None:
+                mem = self.layer_norm(mem) if self.pre_lnorm else mem
+                cached = F.linear(mem, self.qkv_net.weight[inner:]).split(inner, dim=-1)
+            k, v = torch.cat([cached[0], k], dim=1), torch.cat([cached[1], v], dim=1)
+        if keep and cache_enabled():
+            self.memory_cache.pending = (k, v)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+    def _memory_weights(self) -> tuple[torch.Tensor, ...]:
+        return (self.qkv_net.weight, self.layer_norm.weight, self.layer_norm.bias) if self.pre_lnorm else (
+            self.qkv_net.weight,)
+
+    def keep_memory_projection(self, new_mem: torch.Tensor | None) -> None:
+        """Called by the backbone with this layer's next memory (None without memory), the last `new_mem.size(1)`
+        states of the `[mem; h]` just projected: their keys and values are the tail of that projection, kept for the
+        next call."""
+        pending, self.memory_cache.pending = self.memory_cache.pending, None
+        if pending is None or new_mem is None or not cache_enabled():
+            return
+        m = new_mem.size(1)
+        self.memory_cache.put(new_mem, (pending[0][:, -m:], pending[1][:, -m:]), self._memory_weights())
+
+    def project_positions(self, pos_emb: torch.Tensor) -> torch.Tensor:
+        """W_R R: [K, d] -> [H, K, D]; without gradients, reused while the backbone hands over the same table."""
+        r = self.position_cache.get(pos_emb, (self.r_net.weight,)) if cache_enabled() else None
+        if r is None:
+            r = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
+            if cache_enabled():
+                self.position_cache.put(pos_emb, r, (self.r_net.weight,))
+        return r
 
     def position_scores(self, q: torch.Tensor, pos_emb: torch.Tensor, r_r_bias: torch.Tensor, klen: int,
                         shift: int) -> torch.Tensor:
         """(q + v) . W_R R for every (query, key) pair: [B, H, T, K], via one matmul over the table then rel_shift."""
-        r = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)  # [H, R, D]
+        r = self.project_positions(pos_emb)  # [H, R, D]
         scores = torch.matmul(q + r_r_bias[:, None], r.transpose(-1, -2))  # [B, H, T, R]
         return rel_shift(scores, klen, shift)
 
@@ -311,7 +342,7 @@ class RelativeMultiHeadAttention(nn.Module):
         """h [B, T, d], pos_emb [K, d] (distances K-1..0), attn_mask bool [T, K] or [B, 1, T, K]."""
         r_w_bias = self.r_w_bias if r_w_bias is None else r_w_bias
         r_r_bias = self.r_r_bias if r_r_bias is None else r_r_bias
-        q, k, v = self.project(h, mem)
+        q, k, v = self.project(h, mem, keep=True)
         klen = k.size(2)
         dropout_p = self.dropatt if self.training else 0.0
         if torch.is_grad_enabled() and not output_attentions and attn_mask is not None:

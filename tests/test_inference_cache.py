@@ -1,0 +1,131 @@
+"""Reuse of memory keys/values and position projections without gradients (modeling_xl.inference_cache).
+
+The cache must never change a result: every test compares against the same computation made to miss (the memory
+handed back as a copy, so that no cached projection can belong to it)."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+from modeling_xl.inference_cache import ProjectionCache
+
+
+def make_model(**overrides):
+    torch.manual_seed(0)
+    config = dict(vocab_size=97, d_model=32, d_embed=32, n_layer=2, n_head=2, d_head=16, d_inner=64, cutoffs=[40],
+                  div_val=2, mem_len=12, same_length=True)
+    config.update(overrides)
+    return TransformerXLForCausalLM(TransformerXLConfig(**config)).eval()
+
+
+def hits(model):
+    layers = model.transformer.layers
+    return (sum(layer.attn.memory_cache.hits for layer in layers),
+            sum(layer.attn.position_cache.hits for layer in layers))
+
+
+def read(model, ids, seg_len=8, copy_mems=False, between=None):
+    """Log-probs of every segment, memory carried (as is, or as a copy that cannot hit the cache)."""
+    mems, outputs = None, []
+    with torch.no_grad():
+        for step, start in enumerate(range(0, ids.size(1), seg_len)):
+            if between is not None and mems is not None:
+                between(step, mems)
+            if copy_mems and mems is not None:
+                mems = tuple(m.clone() for m in mems)
+            out = model(input_ids=ids[:, start:start + seg_len], mems=mems)
+            mems = out.mems
+            outputs.append(out.logits)
+    return outputs
+
+
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_reused_projections_equal_recomputed_ones(pre_lnorm, attn):
+    model = make_model(pre_lnorm=pre_lnorm)
+    for layer in model.transformer.layers:
+        layer.attn.use_sdpa = attn == "sdpa"
+    ids = torch.randint(0, 97, (2, 40))
+    recomputed = read(model, ids, copy_mems=True)
+    before = hits(model)
+    reused = read(model, ids)
+    memory_hits, position_hits = (a - b for a, b in zip(hits(model), before))
+    # 5 segments: segments 2-5 reuse the memory's projections in each of the 2 layers; klen is 8, 16, 20, 20, 20,
+    # so the position table repeats for segments 4 and 5
+    assert (memory_hits, position_hits) == (8, 4)
+    for a, b in zip(reused, recomputed):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_weights_changed_in_place_are_not_served_stale():
+    model = make_model()
+    ids = torch.randint(0, 97, (2, 32))
+
+    def nudge(step, mems):  # e.g. an optimizer step between two evaluation segments
+        with torch.no_grad():
+            for layer in model.transformer.layers:
+                layer.attn.qkv_net.weight.mul_(1.01)
+                layer.attn.r_net.weight.mul_(0.99)
+
+    torch.manual_seed(1)
+    state = copy.deepcopy(model.state_dict())
+    before = hits(model)
+    served = read(model, ids, between=nudge)
+    assert hits(model) == before  # every lookup missed
+    model.load_state_dict(state)
+    expected = read(model, ids, copy_mems=True, between=nudge)
+    for a, b in zip(served, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_memory_edited_in_place_is_recomputed():
+    model = make_model()
+    ids = torch.randint(0, 97, (2, 24))
+
+    def edit(step, mems):
+        mems[0][:, 0].zero_()
+
+    before = hits(model)
+    served = read(model, ids, between=edit)
+    assert hits(model)[0] == before[0] + 2  # layer 1's memory is untouched and reused; layer 0's is not
+    expected = read(model, ids, copy_mems=True, between=edit)
+    for a, b in zip(served, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_nothing_is_kept_with_gradients_or_without_memory():
+    model = make_model()
+    ids = torch.randint(0, 97, (2, 16))
+    mems = model(input_ids=ids[:, :8]).mems  # gradients on
+    model(input_ids=ids[:, 8:], mems=mems)
+    assert hits(model) == (0, 0)
+    for layer in model.transformer.layers:
+        assert layer.attn.memory_cache._entry is None and layer.attn.memory_cache.pending is None
+    no_memory = make_model(mem_len=0)
+    read(no_memory, ids)
+    assert all(layer.attn.memory_cache.pending is None for layer in no_memory.transformer.layers)
+
+
+def test_autocast_state_is_part_of_the_key():
+    model = make_model()
+    ids = torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        mems = model(input_ids=ids[:, :8]).mems  # float32 projections kept
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            served = model(input_ids=ids[:, 8:], mems=mems).logits
+            expected = model(input_ids=ids[:, 8:], mems=tuple(m.clone() for m in mems)).logits
+    assert hits(model)[0] == 0
+    torch.testing.assert_close(served, expected, rtol=0, atol=0)
+
+
+def test_copies_and_pickles_start_empty():
+    model = make_model()
+    read(model, torch.randint(0, 97, (2, 16)))
+    assert model.transformer.layers[0].attn.memory_cache._entry is not None
+    twin = copy.deepcopy(model)
+    assert twin.transformer.layers[0].attn.memory_cache._entry is None
+    cache = pickle.loads(pickle.dumps(model.transformer.layers[0].attn.memory_cache))
+    assert isinstance(cache, ProjectionCache) and cache._entry is None and cache.hits == 0
