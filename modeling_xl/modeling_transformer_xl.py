@@ -144,8 +144,9 @@ class TransformerXLLayer(GradientCheckpointingLayer):
         self.attn = RelativeMultiHeadAttention(config)
         self.ff = PositionwiseFF(config)
 
-    def forward(self, h, pos_emb, attn_mask, mem=None, r_w_bias=None, r_r_bias=None, output_attentions=False):
-        h, probs = self.attn(h, pos_emb, attn_mask, mem, r_w_bias, r_r_bias, output_attentions)
+    def forward(self, h, pos_emb, attn_mask, mem=None, r_w_bias=None, r_r_bias=None, output_attentions=False,
+                keep_memory=False):
+        h, probs = self.attn(h, pos_emb, attn_mask, mem, r_w_bias, r_r_bias, output_attentions, keep_memory)
         return self.ff(h), probs
 
 
@@ -273,10 +274,16 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         attention_mask: torch.Tensor | None = None,
+        use_cache: bool | None = None,
         **kwargs,
     ) -> TransformerXLModelOutput | tuple:
         """`attention_mask` (optional, 1 = real token, 0 = padding) [B, T] or [B, M+T] (memory included) hides padding
-        keys on top of the causal mask (used by sequence classification with padded batches)."""
+        keys on top of the causal mask (used by sequence classification with padded batches).
+
+        `use_cache` (default True) applies only without gradients: each layer keeps the keys and values it computed
+        for the memory it returns, and reuses them when that memory comes back unchanged in the next call, instead of
+        projecting it again (exact; see `inference_cache`). It holds keys and values of the memory, twice the
+        memory's size; `use_cache=False` drops them and recomputes."""
         cfg = self.config
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -293,17 +300,21 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         h = self.drop(h)
         shared_bias = (None, None) if cfg.untie_r else (self.r_w_bias, self.r_r_bias)
 
+        keep_memory = (use_cache is None or use_cache) and cfg.mem_len > 0 and cache_enabled()
         hiddens, attentions = [], []
         for i, layer in enumerate(self.layers):
             hiddens.append(h)
             h, probs = layer(h, pos_emb, mask, None if mems is None else mems[i], *shared_bias,
-                             output_attentions=output_attentions)
+                             output_attentions=output_attentions, keep_memory=keep_memory)
             attentions.append(probs)
         h = self.drop(h)
 
         new_mems = update_memory(mems, hiddens, cfg.mem_len)
         for i, layer in enumerate(self.layers):
-            layer.attn.keep_memory_projection(None if new_mems is None else new_mems[i])
+            if keep_memory:
+                layer.attn.keep_memory_projection(new_mems[i])
+            elif use_cache is not None and not use_cache:
+                layer.attn.memory_cache.clear()
         out = TransformerXLModelOutput(
             last_hidden_state=h,
             mems=new_mems,
@@ -341,17 +352,18 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        use_cache: bool | None = None,
         **kwargs,
     ) -> TransformerXLCausalLMOutput | tuple:
         """`labels` [B, T] are shifted inside (position t predicts labels[:, t+1]); `next_token_labels` [B, T] are
         already aligned (position t predicts next_token_labels[:, t]; at a segment's last position that is the first
         token of the next segment). -100 is ignored. Without labels, `logits` holds log-probabilities of the last
-        `logits_to_keep` positions (0: all)."""
+        `logits_to_keep` positions (0: all). `use_cache`: see `TransformerXLModel.forward`."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if labels is not None and next_token_labels is not None:
             raise ValueError("expected at most one of labels and next_token_labels, got both")
         outputs = self.transformer(input_ids, mems, inputs_embeds, output_attentions, output_hidden_states,
-                                   return_dict=True)
+                                   return_dict=True, use_cache=use_cache)
         hidden = outputs.last_hidden_state  # [B, T, d]
         batch, qlen = hidden.shape[:2]
         loss = losses = logits = None

@@ -338,11 +338,13 @@ class RelativeMultiHeadAttention(nn.Module):
         r_w_bias: torch.Tensor | None = None,
         r_r_bias: torch.Tensor | None = None,
         output_attentions: bool = False,
+        keep_memory: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """h [B, T, d], pos_emb [K, d] (distances K-1..0), attn_mask bool [T, K] or [B, 1, T, K]."""
+        """h [B, T, d], pos_emb [K, d] (distances K-1..0), attn_mask bool [T, K] or [B, 1, T, K]. `keep_memory`: keep
+        the keys and values of `[mem; h]` until `keep_memory_projection` (inference_cache)."""
         r_w_bias = self.r_w_bias if r_w_bias is None else r_w_bias
         r_r_bias = self.r_r_bias if r_r_bias is None else r_r_bias
-        q, k, v = self.project(h, mem, keep=True)
+        q, k, v = self.project(h, mem, keep=keep_memory)
         klen = k.size(2)
         dropout_p = self.dropatt if self.training else 0.0
         if torch.is_grad_enabled() and not output_attentions and attn_mask is not None:

@@ -129,3 +129,19 @@ def test_copies_and_pickles_start_empty():
     assert twin.transformer.layers[0].attn.memory_cache._entry is None
     cache = pickle.loads(pickle.dumps(model.transformer.layers[0].attn.memory_cache))
     assert isinstance(cache, ProjectionCache) and cache._entry is None and cache.hits == 0
+
+
+def test_use_cache_false_keeps_nothing_and_gives_the_same_result():
+    model = make_model()
+    ids = torch.randint(0, 97, (2, 24))
+    cached = read(model, ids)
+    with torch.no_grad():
+        mems, plain = None, []
+        for start in range(0, 24, 8):
+            out = model(input_ids=ids[:, start:start + 8], mems=mems, use_cache=False)
+            mems = out.mems
+            plain.append(out.logits)
+            for layer in model.transformer.layers:
+                assert layer.attn.memory_cache._entry is None and layer.attn.memory_cache.pending is None
+    for a, b in zip(cached, plain):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -1,0 +1,83 @@
+"""Where a causal-LM training step spends its time: torch.profiler over a few steps of a bench_causal_lm.py preset.
+
+Runs under either interpreter: `--impl ours` (this project) or `--impl legacy` (transformers 4.35.0
+`TransfoXLLMHeadModel`, run it with that venv's python). Same preset, batches and fused Adam as bench_causal_lm.py;
+two warm-up steps, then `--steps` profiled steps. Prints the operators with the most self CPU time and the share of
+matrix products (aten::mm / bmm / addmm / baddbmm), the optimizer and everything else, and writes JSON.
+
+    python benchmarks/profile_step.py --impl ours --preset wide
+    /work/venv435/bin/python benchmarks/profile_step.py --impl legacy --preset wide
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_causal_lm import BENCH_PRESETS, legacy_config  # noqa: E402
+from causal_lm_worker import one_step  # noqa: E402
+from common import print_table, set_threads, stream_segments, word_level_ids, write_json  # noqa: E402
+
+MATMUL_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"}
+OPTIMIZER_OPS = {"aten::_fused_adam_", "aten::_foreach_add_", "aten::_foreach_mul_", "aten::_foreach_addcmul_",
+                 "aten::_foreach_addcdiv_", "aten::_foreach_sqrt", "aten::_foreach_div_", "aten::_foreach_lerp_"}
+
+
+def build(impl: str, spec: dict):
+    torch.manual_seed(1234)
+    if impl == "legacy":
+        from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+
+        return TransfoXLLMHeadModel(TransfoXLConfig(**legacy_config(spec["model"])))
+    from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+
+    return TransformerXLForCausalLM(TransformerXLConfig(**spec["model"]))
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--impl", choices=["ours", "legacy"], default="ours")
+    parser.add_argument("--preset", choices=list(BENCH_PRESETS), default="wide")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--output", default=None, help="default benchmarks/results/profile_<impl>_<preset>.json")
+    args = parser.parse_args(argv)
+    set_threads()
+    spec = BENCH_PRESETS[args.preset]
+    n_seg = args.steps + 2
+    ids = word_level_ids(spec["model"]["vocab_size"], max_tokens=spec["batch"] * (n_seg * spec["tgt_len"] + 1))
+    segments = stream_segments(ids, spec["batch"], spec["tgt_len"], n_seg)
+    model = build(args.impl, spec).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
+    precision = torch.autocast("cpu", enabled=False)
+    mems = None
+    for segment in segments[:2]:
+        mems = one_step(model, segment[:, :-1], mems, optimizer, precision).mems
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for segment in segments[2:]:
+            mems = one_step(model, segment[:, :-1], mems, optimizer, precision).mems
+    averages = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in averages)
+    ops = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
+    share = {"matrix products": 0.0, "optimizer": 0.0, "everything else": 0.0}
+    for event in ops:
+        group = ("matrix products" if event.key in MATMUL_OPS else
+                 "optimizer" if event.key in OPTIMIZER_OPS else "everything else")
+        share[group] += event.self_cpu_time_total / total
+    rows = [[e.key, e.count // args.steps, e.self_cpu_time_total / 1e3 / args.steps,
+             f"{100 * e.self_cpu_time_total / total:.1f}%"] for e in ops[:args.top]]
+    rows += [[f"= {name}", "", "", f"{100 * value:.1f}%"] for name, value in share.items()]
+    table = print_table(["operator", "calls / step", "self ms / step", "share"], rows)
+    output = args.output or f"benchmarks/results/profile_{args.impl}_{args.preset}.json"
+    write_json(output, {"impl": args.impl, "preset": args.preset, "steps": args.steps, "table": table,
+                        "share": share, "step_ms": total / 1e3 / args.steps})
+    return share
+
+
+if __name__ == "__main__":
+    main()
