@@ -1,13 +1,15 @@
 """Dropout that is cheap in time and memory: a fast keep-mask, a boolean mask saved for backward, and ReLU + dropout
 as one autograd node that saves nothing but its output.
 
-Why not `nn.Dropout`: on CPU it draws one Mersenne-Twister float per element (`bernoulli_`, ~8 ns per element here,
-15% of a training step of the `wide` benchmark) and saves a float mask (4 bytes per element) for backward.
+Why not `nn.Dropout`: on CPU it draws one Mersenne-Twister float per element (`bernoulli_`, ~4 ns per element here,
+6-15% of a training step of the `wide` benchmark) and saves a float mask (4 bytes per element) for backward.
 
-The keep-mask here is drawn as 64-bit random integers, each giving two 31-bit uniform integers, compared against
-`round(p * 2**31)`: one generator call per two elements, same seed handling as any torch random op (`torch.manual_seed`,
-per-device generators). The drop probability is `p` rounded to a multiple of 2**-31 (within 2.4e-10) and kept
-elements are scaled by `1 / (1 - p_rounded)`, so the layer stays unbiased in expectation.
+The keep-mask here is drawn as 64-bit random integers (`random_()`: 63 uniform bits), each giving four 15-bit uniform
+integers (bits 0-14, 16-30, 32-46, 48-62), compared against `round(p * 2**15)`: one generator call per four elements
+(6.5x faster than `bernoulli_` for a [16, 64, 512] mask here), same seed handling as any torch random op
+(`torch.manual_seed`, per-device generators). The drop probability is `p` rounded to a multiple of 2**-15 (within
+1.6e-5; 0.1 becomes 0.100006) and kept elements are scaled by `1 / (1 - p_rounded)`, so the layer stays unbiased in
+expectation.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-_BITS = 31
+_BITS = 15
 _LOW_BITS = (1 << _BITS) - 1
+_PER_WORD = 4  # 15-bit integers per 64-bit word, 16 bits apart
 
 
 def keep_mask(shape, p: float, device=None) -> tuple[torch.Tensor, float]:
@@ -27,11 +30,11 @@ def keep_mask(shape, p: float, device=None) -> tuple[torch.Tensor, float]:
     for size in shape:
         numel *= size
     threshold = round(p * (1 << _BITS))
-    if threshold == 1 << _BITS:  # p == 1 (the int32 comparison below cannot hold 2**31)
+    if threshold == 1 << _BITS:  # p rounds to 1: nothing is kept
         return torch.zeros(shape, dtype=torch.bool, device=device), 0.0
-    words = torch.empty((numel + 1) // 2, dtype=torch.int64, device=device).random_()  # 63 uniform bits each
-    halves = words.view(torch.int32)[:numel].bitwise_and_(_LOW_BITS)  # 31 uniform bits per element
-    return (halves >= threshold).view(shape), 1.0 / (1.0 - threshold / (1 << _BITS))
+    words = torch.empty(-(-numel // _PER_WORD), dtype=torch.int64, device=device).random_()  # 63 uniform bits each
+    quarters = words.view(torch.int16)[:numel].bitwise_and_(_LOW_BITS)  # 15 uniform bits per element
+    return (quarters >= threshold).view(shape), 1.0 / (1.0 - threshold / (1 << _BITS))
 
 
 class _Dropout(torch.autograd.Function):
@@ -42,12 +45,12 @@ class _Dropout(torch.autograd.Function):
         keep, scale = keep_mask(x.shape, p, x.device)
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x * keep * scale
+        return x.mul(keep).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad):
         (keep,) = ctx.saved_tensors
-        return grad * keep * ctx.scale, None
+        return grad.mul(keep).mul_(ctx.scale), None
 
 
 class _ReLUDropout(torch.autograd.Function):
@@ -68,7 +71,9 @@ class _ReLUDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        return torch.where(y > 0, grad * ctx.scale, 0.0).to(grad.dtype), None
+        # ReLU's own backward kernel (20x faster on CPU than `where(y > 0, ...)`, which broadcasts a scalar)
+        grad_x = torch.ops.aten.threshold_backward(grad, y.to(grad.dtype), 0)
+        return (grad_x.mul_(ctx.scale) if ctx.scale != 1.0 else grad_x), None
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
@@ -77,7 +82,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if not torch.is_grad_enabled() or not x.requires_grad:
         keep, scale = keep_mask(x.shape, p, x.device)
-        return x * keep * scale
+        return x.mul(keep).mul_(scale)
     return _Dropout.apply(x, p)
 
 
@@ -88,7 +93,7 @@ def relu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tens
         y = torch.relu(x)
         if p > 0:
             keep, scale = keep_mask(x.shape, p, x.device)
-            y = y * keep * scale
+            y = y.mul_(keep).mul_(scale)
         return y
     return _ReLUDropout.apply(x, p)
 

@@ -10,21 +10,27 @@ from modeling_xl.dropout import Dropout, dropout, keep_mask, relu_dropout
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_keep_mask_rate_and_scale(p):
     torch.manual_seed(0)
-    keep, scale = keep_mask((1000, 1001), p)  # odd element count: the last 64-bit word is half used
+    keep, scale = keep_mask((1000, 1001), p)  # 1,001,000 = 4 x 250,250: also try a partly used last word below
     assert keep.shape == (1000, 1001) and keep.dtype == torch.bool
     # 1e6 Bernoulli draws: standard error of the rate is below 5e-4
     assert keep.float().mean().item() == pytest.approx(1 - p, abs=3e-3)
-    assert scale == pytest.approx(1 / (1 - p), rel=1e-8)
+    assert scale == 1 / (1 - round(p * 2**15) / 2**15)  # p rounded to a multiple of 2**-15
+    assert scale == pytest.approx(1 / (1 - p), rel=1e-4)
 
 
-def test_keep_mask_columns_are_independent_of_word_halves():
-    """Even and odd elements come from the two halves of one 64-bit word; both halves must be uniform."""
+def test_keep_mask_columns_are_independent_of_word_quarters():
+    """Column j of a [N, 4] mask comes from quarter j of every 64-bit word (bits 16j..16j+14); each quarter must be
+    uniform, the one holding the word's top bit included, and the quarters independent of each other."""
     torch.manual_seed(1)
-    keep, _ = keep_mask((200_000, 2), 0.5)
-    even, odd = keep[:, 0].float(), keep[:, 1].float()
-    assert even.mean().item() == pytest.approx(0.5, abs=5e-3)
-    assert odd.mean().item() == pytest.approx(0.5, abs=5e-3)
-    assert ((even - 0.5) * (odd - 0.5)).mean().item() == pytest.approx(0.0, abs=5e-3)
+    keep, _ = keep_mask((200_000, 4), 0.5)
+    columns = keep.float() - 0.5
+    for j in range(4):
+        assert columns[:, j].mean().item() == pytest.approx(0.0, abs=5e-3)
+        for k in range(j + 1, 4):
+            assert (columns[:, j] * columns[:, k]).mean().item() == pytest.approx(0.0, abs=5e-3)
+    quarter = keep_mask((200_000, 4), 0.75)[0][:, 3].float().mean().item()  # a biased top quarter would keep < 0.25
+    assert quarter == pytest.approx(0.25, abs=5e-3)
+    assert keep_mask((7,), 0.5)[0].shape == (7,)  # last word partly used
 
 
 def test_keep_mask_edges_and_seeding():
