@@ -47,14 +47,17 @@ def main(argv=None) -> dict:
                     impl="ours", mode="train", model_dir=f"{tmp}/model", data_path=f"{tmp}/segments.pt",
                     warmup=2, steps=STEPS, checkpointing=checkpointing)))
     peak = {c: statistics.median(r["peak_bytes"] for r in rs) / 2**20 for c, rs in runs.items()}
+    tensors = {c: statistics.median(r["tensor_peak_bytes"] for r in rs) / 2**20 for c, rs in runs.items()}
     step = {c: statistics.median(statistics.median(r["times"]) for r in rs) for c, rs in runs.items()}
     cut = 1 - peak[True] / peak[False]
+    tensor_cut = 1 - tensors[True] / tensors[False]
     table = print_table(
-        ["variant", "peak extra MB", "step s", "tokens/s"],
-        [[f"checkpointing={c}", peak[c], step[c], BATCH * TGT_LEN / step[c]] for c in (False, True)]
-        + [["memory cut", f"{cut:.1%}", f"x{step[True] / step[False]:.2f} time", ""]],
+        ["variant", "peak extra MB (RSS)", "tensor peak MB", "step s", "tokens/s"],
+        [[f"checkpointing={c}", peak[c], tensors[c], step[c], BATCH * TGT_LEN / step[c]] for c in (False, True)]
+        + [["memory cut", f"{cut:.1%}", f"{tensor_cut:.1%}", f"x{step[True] / step[False]:.2f} time", ""]],
     )
     result = {"model": MODEL, "batch": BATCH, "tgt_len": TGT_LEN, "peak_mb": {str(c): peak[c] for c in peak},
+              "tensor_peak_mb": {str(c): tensors[c] for c in tensors}, "tensor_memory_cut": tensor_cut,
               "step_s": {str(c): step[c] for c in step}, "memory_cut": cut, "target_cut": 0.40,
               "peak_method": runs[False][0]["peak_method"], "table": table,
               "raw_peak_mb": {str(c): [r["peak_bytes"] / 2**20 for r in rs] for c, rs in runs.items()}}

@@ -11,7 +11,7 @@ if [ -x "$LEGACY" ]; then LEGACY_ARGS=(--legacy-python "$LEGACY"); fi
 export PYTHONWARNINGS=ignore
 lscpu | grep -E "Model name|^CPU\(s\)"
 "$PYTHON" benchmarks/bench_causal_lm.py "${LEGACY_ARGS[@]}" --repeats 3 --bf16 --checkpointing
-"$PYTHON" benchmarks/bench_activation_checkpointing.py --repeats 2
+"$PYTHON" benchmarks/bench_activation_checkpointing.py --repeats 3
 "$PYTHON" benchmarks/bench_eval_reuse.py --tgt-len 64 --output benchmarks/results/eval_reuse.json
 "$PYTHON" benchmarks/bench_eval_reuse.py --tgt-len 128 --output benchmarks/results/eval_reuse_tgt128.json
 "$PYTHON" benchmarks/bench_mfu.py --output benchmarks/results/mfu.json

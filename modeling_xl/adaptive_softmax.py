@@ -24,6 +24,37 @@ def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]
     return list(zip(ends[:-1], ends[1:]))
 
 
+class GatheredLogSoftmax(torch.autograd.Function):
+    """`log_softmax(logits, -1).gather(1, index[:, None]).squeeze(1)` for logits [N, C], index [N] -> [N].
+
+    Autograd for the plain ops keeps the log-probabilities and, in backward, allocates a zero-filled [N, C] for the
+    gather's gradient and another [N, C] for the log-softmax's: three tables of the largest activation of a step (the
+    head's logits) alive at the start of backward. Here the gradient g * (onehot - softmax) is written into the saved
+    log-probabilities themselves: one table. Backward consumes that buffer, so a second backward through the same
+    graph (retain_graph=True) raises autograd's in-place-modification error instead of a wrong gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        logprob = torch.log_softmax(logits, dim=-1)
+        ctx.save_for_backward(logprob, index)
+        return logprob.gather(1, index[:, None]).squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logprob, index = ctx.saved_tensors
+        grad_logits = logprob.exp_().mul_(-grad[:, None].to(logprob.dtype))
+        grad_logits.scatter_add_(1, index[:, None], grad[:, None].to(logprob.dtype))
+        return grad_logits, None
+
+
+def gathered_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Log-probability of column `index[i]` in row i of `log_softmax(logits)`; see `GatheredLogSoftmax`."""
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return GatheredLogSoftmax.apply(logits, index)
+    return torch.log_softmax(logits, dim=-1).gather(1, index[:, None]).squeeze(1)
+
+
 def needs_projections(config) -> bool:
     """Legacy rule: projections exist unless there is a single table as wide as the model."""
     return config.div_val > 1 or config.d_embed != config.d_model
@@ -121,8 +152,9 @@ class AdaptiveLogSoftmax(nn.Module):
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """NLL [N] (0 where target == -100) when `targets` [N] is given, else log-probs [N, V] (float32)."""
         weights = self.cluster_weights()
-        head_logprob = torch.log_softmax(self.cluster_logits(hidden, 0, weights), dim=-1)  # [N, shortlist + clusters]
+        head_logits = self.cluster_logits(hidden, 0, weights)  # [N, shortlist + clusters]
         if targets is None:
+            head_logprob = torch.log_softmax(head_logits, dim=-1)
             parts = [head_logprob[:, : self.shortlist]]
             for i in range(1, self.n_clusters + 1):
                 tail = torch.log_softmax(self.cluster_logits(hidden, i, weights), dim=-1)
@@ -130,17 +162,16 @@ class AdaptiveLogSoftmax(nn.Module):
             return torch.cat(parts, dim=-1)
         # One gather from the head for every token: its own column (shortlist) or its cluster's column (tails).
         # Row-indexing the head per cluster instead would back-propagate through index_put into zero-filled [N, C]
-        # tables, one per cluster (14% of a `tiny` training step).
+        # tables, one per cluster (14% of a `tiny` training step); the gather's gradient is written in place.
         valid = targets >= 0
         cluster = torch.bucketize(targets, self._tail_starts(targets.device), right=True)  # 0 = shortlist
         head_column = torch.where(cluster == 0, targets, self.shortlist + cluster - 1).masked_fill(~valid, 0)
-        logprob = head_logprob.gather(1, head_column[:, None]).squeeze(1)
+        logprob = gathered_log_softmax(head_logits, head_column)
         for i in range(1, self.n_clusters + 1):
             # Runs on an empty selection too, so every cluster's parameters take part in the graph.
             idx = (cluster == i).nonzero().squeeze(1)
-            tail = torch.log_softmax(self.cluster_logits(hidden[idx], i, weights), dim=-1)
-            local = (targets[idx] - self.bounds[i][0])[:, None]
-            logprob = logprob.index_add(0, idx, tail.gather(1, local).squeeze(1))
+            tail_logits = self.cluster_logits(hidden[idx], i, weights)
+            logprob = logprob.index_add(0, idx, gathered_log_softmax(tail_logits, targets[idx] - self.bounds[i][0]))
         return torch.where(valid, -logprob, 0.0)
 
     def _tail_starts(self, device) -> torch.Tensor:
