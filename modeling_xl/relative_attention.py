@@ -171,32 +171,35 @@ def _softmax_dropout_value_backward(grad_out, value, mask, probs, keep, keep_sca
 class FusedRelativeAttention(torch.autograd.Function):
     """softmax(((q + u) . k + rel_shift((q + v) . r)) / sqrt(D), masked) @ value as one autograd node, for training.
 
-    Same result as `position_scores` + `attend`, but only the probabilities [B, H, T, K] (and the dropout keep-mask)
-    are saved for backward; the scaled, shifted and masked scores are built in place. Autograd through the separate
-    ops keeps several [B, H, T, K] tensors alive, and on CPU SDPA falls back to its unfused math path in training;
-    this is where both the step time and the peak memory of long segments go (benchmarks/README.md).
+    Same result as `position_scores` + `attend`, but only q + u and the probabilities [B, H, T, K] (and the dropout
+    keep-mask) are saved for backward; the scaled, shifted and masked scores are built in place, and q + v is rebuilt
+    in backward as (q + u) + (v - u). Autograd through the separate ops keeps several [B, H, T, K] tensors alive, and on
+    CPU SDPA falls back to its unfused math path in training; this is where both the step time and the peak memory of
+    long segments go (benchmarks/README.md).
     Backward (the standard softmax-attention gradient, `_softmax_dropout_value_backward`) gives dS; the content part
-    gives dq_u = dS k, dk = dS^T q_u; the position part is dS shifted back into the table (the inverse of `rel_shift`:
-    every visible entry has one source) giving dq_v and dr.
-    Inputs: q_u, q_v [B, H, T, D]; key, value [B, H, K, D]; r [H, R, D]; mask bool broadcastable to [B, H, T, K];
-    shift (see `rel_shift`); dropout_p.
+    gives d(q + u) = dS k, dk = dS^T (q + u); the position part is dS shifted back into the table (the inverse of
+    `rel_shift`: every visible entry has one source) giving d(q + v) and dr; dq is their sum, du and dv their sums over
+    batch and positions.
+    Inputs: q [B, H, T, D]; u, v [H, D] (the content and position biases); key, value [B, H, K, D]; r [H, R, D];
+    mask bool broadcastable to [B, H, T, K]; shift (see `rel_shift`); dropout_p.
     """
 
     @staticmethod
-    def forward(ctx, q_u, q_v, key, value, r, mask, shift: int, dropout_p: float):
+    def forward(ctx, q, u, v, key, value, r, mask, shift: int, dropout_p: float):
         with torch.autocast(key.device.type, enabled=False):
-            q_u, q_v, key, value, r = _common_dtype(ctx, (q_u, q_v, key, value, r), key)
-            klen, scale = key.size(2), 1.0 / math.sqrt(q_u.size(-1))
+            q, u, v, key, value, r = _common_dtype(ctx, (q, u, v, key, value, r), key)
+            klen, scale = key.size(2), 1.0 / math.sqrt(q.size(-1))
+            q_u = q + u[:, None]
             scores = torch.matmul(q_u, key.transpose(-1, -2))  # [B, H, T, K]
-            scores += rel_shift(torch.matmul(q_v, r.transpose(-1, -2)), klen, shift)  # + [B, H, T, R] shifted
+            scores += rel_shift(torch.matmul(q + v[:, None], r.transpose(-1, -2)), klen, shift)  # [B, H, T, R] shifted
             out, probs, keep, ctx.keep_scale = _softmax_dropout_value(scores, value, mask, dropout_p, scale)
-        ctx.save_for_backward(q_u, q_v, key, value, r, mask, probs, keep)
+        ctx.save_for_backward(q_u, u, v, key, value, r, mask, probs, keep)
         ctx.shift, ctx.scale = shift, scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q_u, q_v, key, value, r, mask, probs, keep = ctx.saved_tensors
+        q_u, u, v, key, value, r, mask, probs, keep = ctx.saved_tensors
         with torch.autocast(grad_out.device.type, enabled=False):
             grad_value, grad_scores = _softmax_dropout_value_backward(grad_out, value, mask, probs, keep,
                                                                       ctx.keep_scale, ctx.scale)
@@ -209,8 +212,10 @@ class FusedRelativeAttention(torch.autograd.Function):
             del grad_scores
             grad_bd = padded[..., :rlen]  # [B, H, T, R]
             grad_q_v = torch.matmul(grad_bd, r)
-            grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v).sum(0)  # [H, R, D]
-        grads = _input_dtypes(ctx, (grad_q_u, grad_q_v, grad_key, grad_value, grad_r))
+            grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_u + (v - u)[:, None]).sum(0)  # [H, R, D]
+            grad_u, grad_v = grad_q_u.sum((0, 2)), grad_q_v.sum((0, 2))
+            grad_q = grad_q_u.add_(grad_q_v)
+        grads = _input_dtypes(ctx, (grad_q, grad_u, grad_v, grad_key, grad_value, grad_r))
         return (*grads, None, None, None)
 
 
@@ -349,7 +354,7 @@ class RelativeMultiHeadAttention(nn.Module):
         dropout_p = self.dropatt if self.training else 0.0
         if torch.is_grad_enabled() and not output_attentions and attn_mask is not None:
             r = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)  # [H, R, D]
-            attn_vec = FusedRelativeAttention.apply(q + r_w_bias[:, None], q + r_r_bias[:, None], k, v, r,
+            attn_vec = FusedRelativeAttention.apply(q, r_w_bias, r_r_bias, k, v, r,
                                                     attn_mask, h.size(1) - 1, dropout_p)
             return self.merge(h, attn_vec), None
         bd = self.position_scores(q, pos_emb, r_r_bias, klen, shift=h.size(1) - 1)

@@ -97,8 +97,9 @@ def test_attend_fully_masked_row_is_uniform_not_nan():
     torch.testing.assert_close(probs[0, 0, 0], torch.full((3,), 1 / 3))
 
 
-def _reference_attention(q_u, q_v, k, v, r, mask, keep=None, keep_scale=1.0):
+def _reference_attention(q, u, v_bias, k, v, r, mask, keep=None, keep_scale=1.0):
     """Unfused: position scores via rel_shift, softmax, optional dropout mask (keep * keep_scale)."""
+    q_u, q_v = q + u[:, None], q + v_bias[:, None]
     qlen, klen, d = q_u.size(-2), k.size(-2), q_u.size(-1)
     bd = rel_shift(torch.matmul(q_v, r.transpose(-1, -2)), klen, qlen - 1)
     scores = (q_u @ k.transpose(-1, -2) + bd) / d**0.5
@@ -116,7 +117,8 @@ def test_fused_relative_attention_matches_unfused_with_gradients(mask_kind):
     K = T + M
     mask = {"causal": causal_mask(T, M), "same_length": causal_mask(T, M, True, 4),
             "fully_masked_row": torch.ones(T, K, dtype=torch.bool).triu(0)}[mask_kind]
-    args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
+    args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True)]
+    args += [torch.randn(H, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
     args += [torch.randn(B, H, K, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
     args += [torch.randn(H, K, D, dtype=torch.double, requires_grad=True)]
     fused = FusedRelativeAttention.apply(*args, mask, T - 1, 0.0)
@@ -131,7 +133,8 @@ def test_fused_relative_attention_dropout_matches_unfused():
     B, H, T, M, D, p = 2, 2, 4, 3, 8, 0.3
     K = T + M
     mask = causal_mask(T, M)
-    args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
+    args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True)]
+    args += [torch.randn(H, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
     args += [torch.randn(B, H, K, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
     args += [torch.randn(H, K, D, dtype=torch.double, requires_grad=True)]
     torch.manual_seed(5)
