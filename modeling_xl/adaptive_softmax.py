@@ -55,6 +55,54 @@ def gathered_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Ten
     return torch.log_softmax(logits, dim=-1).gather(1, index[:, None]).squeeze(1)
 
 
+class SharedTableLogits(torch.autograd.Function):
+    """Logits of every cluster from one shared output table (div_val == 1), as one autograd node.
+
+    Cluster i's logits are `hiddens[i] @ weight[rows of i].T + bias[rows of i]`; the head (i = 0) also gets one logit
+    per tail cluster from `cluster_weight`, `cluster_bias`. Written with `split` or slices, autograd would build the
+    table's gradient from per-cluster pieces: `split` concatenates them into a new [V, d] while they are all alive
+    (the peak of a `wide` training step), slices zero-fill a [V, d] per cluster. Here each cluster's weight gradient
+    is one matrix product written straight into its rows of a single [V, d] buffer.
+    Inputs: weight [V, d], bias [V], cluster_weight [C, d] or None, cluster_bias [C] or None, sizes (rows per
+    cluster, summing to V), then one hidden [N_i, d] per cluster. Returns one logits tensor per cluster.
+    """
+
+    @staticmethod
+    def forward(ctx, weight, bias, cluster_weight, cluster_bias, sizes, *hiddens):
+        ctx.sizes = sizes
+        ctx.has_clusters = cluster_weight is not None
+        ctx.save_for_backward(weight, cluster_weight, *hiddens)
+        outputs = []
+        for i, (hidden, w, b) in enumerate(zip(hiddens, weight.split(sizes), bias.split(sizes))):
+            if i == 0 and ctx.has_clusters:
+                w, b = torch.cat([w, cluster_weight]), torch.cat([b, cluster_bias])
+            outputs.append(F.linear(hidden, w, b))
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        weight, cluster_weight, *hiddens = ctx.saved_tensors
+        grad_weight = torch.empty_like(weight)
+        grad_bias = weight.new_empty(weight.size(0))
+        grad_cluster_weight = grad_cluster_bias = None
+        grad_hiddens = []
+        lo = 0
+        for i, (hidden, grad) in enumerate(zip(hiddens, grads)):
+            hi = lo + ctx.sizes[i]
+            rows = grad[:, : ctx.sizes[i]]
+            torch.mm(rows.t(), hidden, out=grad_weight[lo:hi])
+            torch.sum(rows, 0, out=grad_bias[lo:hi])
+            grad_hidden = rows @ weight[lo:hi]
+            if i == 0 and ctx.has_clusters:
+                cluster_rows = grad[:, ctx.sizes[0]:]
+                grad_cluster_weight = cluster_rows.t() @ hidden
+                grad_cluster_bias = cluster_rows.sum(0)
+                grad_hidden = grad_hidden.addmm_(cluster_rows, cluster_weight)
+            grad_hiddens.append(grad_hidden)
+            lo = hi
+        return grad_weight, grad_bias, grad_cluster_weight, grad_cluster_bias, None, *grad_hiddens
+
+
 def needs_projections(config) -> bool:
     """Legacy rule: projections exist unless there is a single table as wide as the model."""
     return config.div_val > 1 or config.d_embed != config.d_model
@@ -149,12 +197,27 @@ class AdaptiveLogSoftmax(nn.Module):
             hidden = hidden @ self.out_projs[i].weight.to(hidden.dtype)
         return F.linear(hidden, weight.to(hidden.dtype), bias.to(hidden.dtype)).float()
 
+    def every_cluster_logits(self, hiddens: list[torch.Tensor]) -> list[torch.Tensor]:
+        """`cluster_logits(hiddens[i], i)` for every cluster i (float32). With one shared table (div_val == 1) all of
+        them come from one `SharedTableLogits` node, whose backward writes the table's gradient in place; under
+        autocast (where the products change dtype) each cluster goes through `cluster_logits`."""
+        shared = self.div_val == 1 and not torch.is_autocast_enabled(hiddens[0].device.type)
+        if not shared or hiddens[0].dtype != self.out_layers[0].weight.dtype:
+            weights = self.cluster_weights()
+            return [self.cluster_logits(hidden, i, weights) for i, hidden in enumerate(hiddens)]
+        if len(self.out_projs):
+            hiddens = [hidden @ proj.weight for hidden, proj in zip(hiddens, self.out_projs)]
+        layer = self.out_layers[0]
+        clusters = (self.cluster_weight, self.cluster_bias) if self.n_clusters else (None, None)
+        sizes = [hi - lo for lo, hi in self.bounds]
+        return [logits.float() for logits in SharedTableLogits.apply(layer.weight, layer.bias, *clusters, sizes,
+                                                                     *hiddens)]
+
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """NLL [N] (0 where target == -100) when `targets` [N] is given, else log-probs [N, V] (float32)."""
-        weights = self.cluster_weights()
-        head_logits = self.cluster_logits(hidden, 0, weights)  # [N, shortlist + clusters]
         if targets is None:
-            head_logprob = torch.log_softmax(head_logits, dim=-1)
+            weights = self.cluster_weights()
+            head_logprob = torch.log_softmax(self.cluster_logits(hidden, 0, weights), dim=-1)
             parts = [head_logprob[:, : self.shortlist]]
             for i in range(1, self.n_clusters + 1):
                 tail = torch.log_softmax(self.cluster_logits(hidden, i, weights), dim=-1)
@@ -166,12 +229,13 @@ class AdaptiveLogSoftmax(nn.Module):
         valid = targets >= 0
         cluster = torch.bucketize(targets, self._tail_starts(targets.device), right=True)  # 0 = shortlist
         head_column = torch.where(cluster == 0, targets, self.shortlist + cluster - 1).masked_fill(~valid, 0)
-        logprob = gathered_log_softmax(head_logits, head_column)
-        for i in range(1, self.n_clusters + 1):
-            # Runs on an empty selection too, so every cluster's parameters take part in the graph.
-            idx = (cluster == i).nonzero().squeeze(1)
-            tail_logits = self.cluster_logits(hidden[idx], i, weights)
-            logprob = logprob.index_add(0, idx, gathered_log_softmax(tail_logits, targets[idx] - self.bounds[i][0]))
+        # Every cluster runs, on an empty selection too, so that all parameters take part in the graph.
+        rows = [(cluster == i).nonzero().squeeze(1) for i in range(1, self.n_clusters + 1)]
+        logits = self.every_cluster_logits([hidden, *(hidden[idx] for idx in rows)])
+        logprob = gathered_log_softmax(logits[0], head_column)  # [N, shortlist + clusters] -> [N]
+        for i, idx in enumerate(rows, start=1):
+            local = targets[idx] - self.bounds[i][0]
+            logprob = logprob.index_add(0, idx, gathered_log_softmax(logits[i], local))
         return torch.where(valid, -logprob, 0.0)
 
     def _tail_starts(self, device) -> torch.Tensor:
