@@ -253,6 +253,13 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
     def set_input_embeddings(self, value):
         self.word_emb = value
 
+    def clear_inference_cache(self) -> None:
+        """Drop what the layers keep for evaluation without gradients (see `forward`'s `use_cache`)."""
+        self._position_table = None
+        for layer in self.layers:
+            layer.attn.memory_cache.clear()
+            layer.attn.position_cache.clear()
+
     def position_embeddings(self, klen: int, dtype: torch.dtype, device) -> torch.Tensor:
         """Sinusoid vectors of distances klen-1..0 (clamped), [K, d_model]. Without gradients the same table object
         is returned for the same length, so that the layers can reuse their projections of it (inference_cache)."""
@@ -301,6 +308,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         shared_bias = (None, None) if cfg.untie_r else (self.r_w_bias, self.r_r_bias)
 
         keep_memory = (use_cache is None or use_cache) and cfg.mem_len > 0 and cache_enabled()
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            self.clear_inference_cache()  # what evaluation kept must not stay alive through training
         hiddens, attentions = [], []
         for i, layer in enumerate(self.layers):
             hiddens.append(h)

@@ -145,3 +145,16 @@ def test_use_cache_false_keeps_nothing_and_gives_the_same_result():
                 assert layer.attn.memory_cache._entry is None and layer.attn.memory_cache.pending is None
     for a, b in zip(cached, plain):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_training_forward_drops_what_evaluation_kept():
+    model = make_model()
+    ids = torch.randint(0, 97, (2, 16))
+    read(model, ids)
+    assert model.transformer.layers[0].attn.memory_cache._entry is not None
+    assert model.transformer._position_table is not None
+    model.train()
+    model(input_ids=ids[:, :8], labels=ids[:, :8]).loss.backward()
+    for layer in model.transformer.layers:
+        assert layer.attn.memory_cache._entry is None and layer.attn.position_cache._entry is None
+    assert model.transformer._position_table is None
