@@ -21,6 +21,11 @@ def make_model(**overrides):
     return TransformerXLForCausalLM(TransformerXLConfig(**config)).eval()
 
 
+def assert_identical(outputs, expected):
+    for a, b in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def hits(model):
     layers = model.transformer.layers
     return (sum(layer.attn.memory_cache.hits for layer in layers),
@@ -56,8 +61,7 @@ def test_reused_projections_equal_recomputed_ones(pre_lnorm, attn):
     # 5 segments: segments 2-5 reuse the memory's projections in each of the 2 layers; klen is 8, 16, 20, 20, 20,
     # so the position table repeats for segments 4 and 5
     assert (memory_hits, position_hits) == (8, 4)
-    for a, b in zip(reused, recomputed):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_identical(reused, recomputed)
 
 
 def test_weights_changed_in_place_are_not_served_stale():
@@ -77,8 +81,7 @@ def test_weights_changed_in_place_are_not_served_stale():
     assert hits(model) == before  # every lookup missed
     model.load_state_dict(state)
     expected = read(model, ids, copy_mems=True, between=nudge)
-    for a, b in zip(served, expected):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_identical(served, expected)
 
 
 def test_memory_edited_in_place_is_recomputed():
@@ -92,8 +95,7 @@ def test_memory_edited_in_place_is_recomputed():
     served = read(model, ids, between=edit)
     assert hits(model)[0] == before[0] + 2  # layer 1's memory is untouched and reused; layer 0's is not
     expected = read(model, ids, copy_mems=True, between=edit)
-    for a, b in zip(served, expected):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_identical(served, expected)
 
 
 def test_nothing_is_kept_with_gradients_or_without_memory():
@@ -143,8 +145,7 @@ def test_use_cache_false_keeps_nothing_and_gives_the_same_result():
             plain.append(out.logits)
             for layer in model.transformer.layers:
                 assert layer.attn.memory_cache._entry is None and layer.attn.memory_cache.pending is None
-    for a, b in zip(cached, plain):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_identical(cached, plain)
 
 
 def test_training_forward_drops_what_evaluation_kept():
