@@ -10,10 +10,14 @@ the same weights:
     cache.put(source, derived, weights)       # after the call that produced `source`
     cache.get(source, weights)                # -> `derived`, or None: compute as usual
 
-A hit needs: gradients disabled (at put and get), the same Python object `source` (`out.mems[i]` passed back as is),
-its in-place version unchanged, the same weight tensors at the same in-place versions (an optimizer step or
-`load_state_dict` bumps them), and the same autocast state. Anything else is a miss and the caller recomputes, so the
-cache never changes a result; it holds one entry (the latest), which it drops on a miss.
+A hit needs: gradients disabled (at put and get) and not in `torch.inference_mode()` (its tensors have no version
+counter); the same Python object `source` (`out.mems[i]` passed back as is) at the same in-place version, storage,
+dtype and device; the same weight tensors at the same in-place versions and storages (an optimizer step,
+`load_state_dict`, `p.data = ...`, `.to(dtype)` all change one of them); and the same autocast state. Anything else
+is a miss and the caller recomputes; the cache holds one entry (the latest), which it drops on a miss.
+
+What it cannot see: writing into a weight or a memory tensor *in place through `.data`* (`p.data.mul_(2)`) bumps no
+version counter. After such an edit call `model.transformer.clear_inference_cache()` or pass `use_cache=False`.
 """
 
 from __future__ import annotations
@@ -43,20 +47,25 @@ class ProjectionCache:
 
     @staticmethod
     def _state(source: torch.Tensor, weights) -> tuple:
-        return source._version, tuple(w._version for w in weights), _autocast_state(source.device.type)
+        tensors = (source, *weights)
+        return (tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in tensors),
+                _autocast_state(source.device.type))
 
     def put(self, source: torch.Tensor, derived, weights) -> None:
         if torch.is_grad_enabled():
             self._entry = None
             return
         refs = tuple(weakref.ref(w) for w in weights)
-        self._entry = (weakref.ref(source), refs, self._state(source, weights), derived)
+        # Aliases of the recorded storages keep them allocated while the entry lives, so that no new storage (after
+        # `p.data = ...` or `.half().float()`) can reuse one of their addresses and pass for it.
+        storages = tuple(t.detach() for t in (source, *weights))
+        self._entry = (weakref.ref(source), refs, self._state(source, weights), derived, storages)
 
     def get(self, source: torch.Tensor, weights):
         entry, self._entry = self._entry, None
         if entry is None or torch.is_grad_enabled():
             return None
-        source_ref, weight_refs, state, derived = entry
+        source_ref, weight_refs, state, derived, _ = entry
         same_objects = source_ref() is source and len(weight_refs) == len(weights) and all(
             ref() is w for ref, w in zip(weight_refs, weights))
         if not same_objects or state != self._state(source, weights):
@@ -70,5 +79,7 @@ class ProjectionCache:
 
 
 def enabled() -> bool:
-    """Caches apply only without gradients and outside torch.compile tracing (where they would break the graph)."""
-    return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    """Caches apply only without gradients, outside `torch.inference_mode()` (no version counters there) and outside
+    torch.compile tracing (where they would break the graph)."""
+    return (not torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            and not torch.compiler.is_compiling())

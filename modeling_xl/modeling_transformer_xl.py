@@ -145,8 +145,8 @@ class TransformerXLLayer(GradientCheckpointingLayer):
         self.ff = PositionwiseFF(config)
 
     def forward(self, h, pos_emb, attn_mask, mem=None, r_w_bias=None, r_r_bias=None, output_attentions=False,
-                keep_memory=False):
-        h, probs = self.attn(h, pos_emb, attn_mask, mem, r_w_bias, r_r_bias, output_attentions, keep_memory)
+                use_cache=False):
+        h, probs = self.attn(h, pos_emb, attn_mask, mem, r_w_bias, r_r_bias, output_attentions, use_cache)
         return self.ff(h), probs
 
 
@@ -260,15 +260,15 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             layer.attn.memory_cache.clear()
             layer.attn.position_cache.clear()
 
-    def position_embeddings(self, klen: int, dtype: torch.dtype, device) -> torch.Tensor:
-        """Sinusoid vectors of distances klen-1..0 (clamped), [K, d_model]. Without gradients the same table object
-        is returned for the same length, so that the layers can reuse their projections of it (inference_cache)."""
+    def position_embeddings(self, klen: int, dtype: torch.dtype, device, use_cache: bool = False) -> torch.Tensor:
+        """Sinusoid vectors of distances klen-1..0 (clamped), [K, d_model]. With `use_cache` the same table object is
+        returned for the same length, so that the layers can reuse their projections of it (inference_cache)."""
         key = (klen, dtype, torch.device(device), self.config.clamp_len, self.config.d_model)
-        if cache_enabled() and self._position_table is not None and self._position_table[0] == key:
+        if use_cache and self._position_table is not None and self._position_table[0] == key:
             return self._position_table[1]
         pos = relative_positions(klen, clamp_len=self.config.clamp_len).to(device)
         table = sinusoid_table(pos, self.config.d_model).to(dtype)
-        if cache_enabled():
+        if use_cache:
             self._position_table = (key, table)
         return table
 
@@ -287,10 +287,11 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         """`attention_mask` (optional, 1 = real token, 0 = padding) [B, T] or [B, M+T] (memory included) hides padding
         keys on top of the causal mask (used by sequence classification with padded batches).
 
-        `use_cache` (default True) applies only without gradients: each layer keeps the keys and values it computed
-        for the memory it returns, and reuses them when that memory comes back unchanged in the next call, instead of
-        projecting it again (exact; see `inference_cache`). It holds keys and values of the memory, twice the
-        memory's size; `use_cache=False` drops them and recomputes."""
+        `use_cache` (default True) applies only without gradients (and outside `torch.inference_mode`): each layer
+        keeps the keys and values it computed for the memory it returns, and reuses them when that memory comes back
+        unchanged in the next call, instead of projecting it again (exact; see `inference_cache`, which also says what
+        it cannot see). It holds keys and values of the memory, twice the memory's size; `use_cache=False` drops
+        them and recomputes, and so does every forward with gradients."""
         cfg = self.config
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -303,27 +304,25 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         mask = causal_mask(qlen, mlen, cfg.same_length, cfg.mem_len, device=h.device)
         if attention_mask is not None:
             mask = with_key_padding(mask, attention_mask, mlen)
-        pos_emb = self.drop(self.position_embeddings(mlen + qlen, h.dtype, h.device))
+        cached = (use_cache is None or use_cache) and cache_enabled()
+        if not cached and (use_cache is not None or torch.is_grad_enabled()) and not torch.compiler.is_compiling():
+            self.clear_inference_cache()  # use_cache=False, or training: nothing evaluation kept stays alive
+        pos_emb = self.drop(self.position_embeddings(mlen + qlen, h.dtype, h.device, use_cache=cached))
         h = self.drop(h)
         shared_bias = (None, None) if cfg.untie_r else (self.r_w_bias, self.r_r_bias)
 
-        keep_memory = (use_cache is None or use_cache) and cfg.mem_len > 0 and cache_enabled()
-        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            self.clear_inference_cache()  # what evaluation kept must not stay alive through training
         hiddens, attentions = [], []
         for i, layer in enumerate(self.layers):
             hiddens.append(h)
             h, probs = layer(h, pos_emb, mask, None if mems is None else mems[i], *shared_bias,
-                             output_attentions=output_attentions, keep_memory=keep_memory)
+                             output_attentions=output_attentions, use_cache=cached)
             attentions.append(probs)
         h = self.drop(h)
 
         new_mems = update_memory(mems, hiddens, cfg.mem_len)
-        for i, layer in enumerate(self.layers):
-            if keep_memory:
-                layer.attn.keep_memory_projection(new_mems[i])
-            elif use_cache is not None and not use_cache:
-                layer.attn.memory_cache.clear()
+        if cached:
+            for i, layer in enumerate(self.layers):
+                layer.attn.keep_memory_projection(None if new_mems is None else new_mems[i])
         out = TransformerXLModelOutput(
             last_hidden_state=h,
             mems=new_mems,

@@ -20,7 +20,6 @@ from torch import nn
 
 from .dropout import Dropout, dropout, keep_mask
 from .inference_cache import ProjectionCache
-from .inference_cache import enabled as cache_enabled
 
 
 def relative_positions(klen: int, qlen: int = 0, clamp_len: int = -1, bidirectional: bool = False) -> torch.Tensor:
@@ -283,18 +282,19 @@ class RelativeMultiHeadAttention(nn.Module):
         """[B, L, H*D] -> [B, H, L, D]."""
         return x.view(x.size(0), x.size(1), self.n_head, self.d_head).transpose(1, 2)
 
-    def project(self, h: torch.Tensor, mem: torch.Tensor | None, keep: bool = False) -> tuple[torch.Tensor, ...]:
-        """Queries from `h` [B, T, d]; keys and values from `[mem; h]` [B, M+T, d]. Each [B, H, *, D]. With `keep`
-        (and no gradients) the keys and values stay pending until `keep_memory_projection`."""
+    def project(self, h: torch.Tensor, mem: torch.Tensor | None, use_cache: bool = False) -> tuple[torch.Tensor, ...]:
+        """Queries from `h` [B, T, d]; keys and values from `[mem; h]` [B, M+T, d]. Each [B, H, *, D]. With
+        `use_cache` (set by the backbone only where `inference_cache.enabled()`) the memory's keys and values may come
+        from the cache, and those of `[mem; h]` stay pending until `keep_memory_projection`."""
         inner = self.n_head * self.d_head
         q, k, v = F.linear(self.layer_norm(h) if self.pre_lnorm else h, self.qkv_net.weight).split(inner, dim=-1)
         if mem is not None and mem.size(1) > 0:
-            cached = self.memory_cache.get(mem, self._memory_weights()) if cache_enabled() else None
+            cached = self.memory_cache.get(mem, self._memory_weights()) if use_cache else None
             if cached is None:
                 mem = self.layer_norm(mem) if self.pre_lnorm else mem
                 cached = F.linear(mem, self.qkv_net.weight[inner:]).split(inner, dim=-1)
             k, v = torch.cat([cached[0], k], dim=1), torch.cat([cached[1], v], dim=1)
-        if keep and cache_enabled():
+        if use_cache:
             self.memory_cache.pending = (k, v)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
@@ -307,24 +307,24 @@ class RelativeMultiHeadAttention(nn.Module):
         states of the `[mem; h]` just projected: their keys and values are the tail of that projection, kept for the
         next call."""
         pending, self.memory_cache.pending = self.memory_cache.pending, None
-        if pending is None or new_mem is None or not cache_enabled():
+        if pending is None or new_mem is None:
             return
         m = new_mem.size(1)
         self.memory_cache.put(new_mem, (pending[0][:, -m:], pending[1][:, -m:]), self._memory_weights())
 
-    def project_positions(self, pos_emb: torch.Tensor) -> torch.Tensor:
-        """W_R R: [K, d] -> [H, K, D]; without gradients, reused while the backbone hands over the same table."""
-        r = self.position_cache.get(pos_emb, (self.r_net.weight,)) if cache_enabled() else None
+    def project_positions(self, pos_emb: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        """W_R R: [K, d] -> [H, K, D]; with `use_cache`, reused while the backbone hands over the same table."""
+        r = self.position_cache.get(pos_emb, (self.r_net.weight,)) if use_cache else None
         if r is None:
             r = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
-            if cache_enabled():
+            if use_cache:
                 self.position_cache.put(pos_emb, r, (self.r_net.weight,))
         return r
 
     def position_scores(self, q: torch.Tensor, pos_emb: torch.Tensor, r_r_bias: torch.Tensor, klen: int,
-                        shift: int) -> torch.Tensor:
+                        shift: int, use_cache: bool = False) -> torch.Tensor:
         """(q + v) . W_R R for every (query, key) pair: [B, H, T, K], via one matmul over the table then rel_shift."""
-        r = self.project_positions(pos_emb)  # [H, R, D]
+        r = self.project_positions(pos_emb, use_cache)  # [H, R, D]
         scores = torch.matmul(q + r_r_bias[:, None], r.transpose(-1, -2))  # [B, H, T, R]
         return rel_shift(scores, klen, shift)
 
@@ -343,13 +343,14 @@ class RelativeMultiHeadAttention(nn.Module):
         r_w_bias: torch.Tensor | None = None,
         r_r_bias: torch.Tensor | None = None,
         output_attentions: bool = False,
-        keep_memory: bool = False,
+        use_cache: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """h [B, T, d], pos_emb [K, d] (distances K-1..0), attn_mask bool [T, K] or [B, 1, T, K]. `keep_memory`: keep
-        the keys and values of `[mem; h]` until `keep_memory_projection` (inference_cache)."""
+        """h [B, T, d], pos_emb [K, d] (distances K-1..0), attn_mask bool [T, K] or [B, 1, T, K]. `use_cache`: reuse
+        and keep projections (inference_cache); the backbone sets it only where the cache is enabled and then calls
+        `keep_memory_projection` after every forward."""
         r_w_bias = self.r_w_bias if r_w_bias is None else r_w_bias
         r_r_bias = self.r_r_bias if r_r_bias is None else r_r_bias
-        q, k, v = self.project(h, mem, keep=keep_memory)
+        q, k, v = self.project(h, mem, use_cache)
         klen = k.size(2)
         dropout_p = self.dropatt if self.training else 0.0
         if torch.is_grad_enabled() and not output_attentions and attn_mask is not None:
@@ -357,7 +358,7 @@ class RelativeMultiHeadAttention(nn.Module):
             attn_vec = FusedRelativeAttention.apply(q, r_w_bias, r_r_bias, k, v, r,
                                                     attn_mask, h.size(1) - 1, dropout_p)
             return self.merge(h, attn_vec), None
-        bd = self.position_scores(q, pos_emb, r_r_bias, klen, shift=h.size(1) - 1)
+        bd = self.position_scores(q, pos_emb, r_r_bias, klen, shift=h.size(1) - 1, use_cache=use_cache)
         attn_vec, probs = attend(q + r_w_bias[:, None], k, v, bd, attn_mask, dropout_p, self.use_sdpa,
                                  output_attentions)
         return self.merge(h, attn_vec), probs

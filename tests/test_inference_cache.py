@@ -159,3 +159,58 @@ def test_training_forward_drops_what_evaluation_kept():
     for layer in model.transformer.layers:
         assert layer.attn.memory_cache._entry is None and layer.attn.position_cache._entry is None
     assert model.transformer._position_table is None
+
+
+def test_inference_mode_runs_without_the_cache():
+    """Tensors made under inference_mode have no version counter: the cache stays off there (it used to crash)."""
+    model = make_model()
+    ids = torch.randint(0, 97, (2, 24))
+    expected = read(model, ids, copy_mems=True)
+    before = hits(model)
+    with torch.inference_mode():
+        mems, outputs = None, []
+        for start in range(0, 24, 8):
+            out = model(input_ids=ids[:, start:start + 8], mems=mems)
+            mems = out.mems
+            outputs.append(out.logits)
+    assert hits(model) == before
+    assert_identical(outputs, expected)
+
+
+@pytest.mark.parametrize("change", ["vector_to_parameters", "half_then_float", "data_assignment"])
+def test_weights_replaced_through_data_are_not_served_stale(change):
+    """`p.data = ...` and dtype round trips keep the parameter objects and their version counters: the cache key
+    also holds storage pointers and dtypes, so these are misses."""
+    model = make_model()
+    ids = torch.randint(0, 97, (2, 16))
+
+    def replace(step, mems):
+        if change == "vector_to_parameters":
+            params = list(model.parameters())
+            torch.nn.utils.vector_to_parameters(torch.nn.utils.parameters_to_vector(params) * 1.1, params)
+        elif change == "half_then_float":
+            model.half().float()
+        else:
+            for layer in model.transformer.layers:
+                layer.attn.qkv_net.weight.data = layer.attn.qkv_net.weight.data * 1.1
+                layer.attn.r_net.weight.data = layer.attn.r_net.weight.data * 0.9
+
+    torch.manual_seed(3)
+    state = copy.deepcopy(model.state_dict())
+    before = hits(model)
+    served = read(model, ids, between=replace)
+    assert hits(model) == before
+    model.load_state_dict(state)
+    model.float()
+    assert_identical(served, read(model, ids, copy_mems=True, between=replace))
+
+
+def test_use_cache_false_reuses_nothing():
+    model = make_model()
+    ids = torch.randint(0, 97, (2, 40))
+    with torch.no_grad():
+        mems = None
+        for start in range(0, 40, 8):
+            mems = model(input_ids=ids[:, start:start + 8], mems=mems, use_cache=False).mems
+    assert hits(model) == (0, 0)
+    assert model.transformer._position_table is None
