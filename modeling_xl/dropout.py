@@ -32,6 +32,9 @@ def keep_mask(shape, p: float, device=None) -> tuple[torch.Tensor, float]:
     threshold = round(p * (1 << _BITS))
     if threshold == 1 << _BITS:  # p rounds to 1: nothing is kept
         return torch.zeros(shape, dtype=torch.bool, device=device), 0.0
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    if device.type not in ("cpu", "cuda"):  # 63 random bits per int64 are verified on CPU and CUDA only
+        return torch.rand(shape, device=device) >= p, 1.0 / (1.0 - p)
     words = torch.empty(-(-numel // _PER_WORD), dtype=torch.int64, device=device).random_()  # 63 uniform bits each
     quarters = words.view(torch.int16)[:numel].bitwise_and_(_LOW_BITS)  # 15 uniform bits per element
     return (quarters >= threshold).view(shape), 1.0 / (1.0 - threshold / (1 << _BITS))

@@ -92,3 +92,11 @@ def test_dropout_module_is_a_drop_in():
     assert module.p == 0.25 and "p=0.25" in repr(module)
     x = torch.randn(3, 3)
     assert module.eval()(x) is x
+
+
+def test_keep_mask_on_other_devices_uses_uniform_floats():
+    """Devices other than CPU/CUDA (MPS, XLA, meta) take a plain uniform draw: their int64 `random_` may not give
+    63 random bits."""
+    keep, scale = keep_mask((3, 5), 0.25, device="meta")
+    assert keep.device.type == "meta" and keep.dtype == torch.bool and keep.shape == (3, 5)
+    assert scale == pytest.approx(1 / 0.75)
