@@ -22,8 +22,6 @@ version counter. After such an edit call `model.transformer.clear_inference_cach
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 
@@ -55,19 +53,18 @@ class ProjectionCache:
         if torch.is_grad_enabled():
             self._entry = None
             return
-        refs = tuple(weakref.ref(w) for w in weights)
-        # Aliases of the recorded storages keep them allocated while the entry lives, so that no new storage (after
-        # `p.data = ...` or `.half().float()`) can reuse one of their addresses and pass for it.
-        storages = tuple(t.detach() for t in (source, *weights))
-        self._entry = (weakref.ref(source), refs, self._state(source, weights), derived, storages)
+        # Aliases (`detach`) of the recorded tensors keep their storages allocated while the entry lives, so that no
+        # new storage (after `p.data = ...` or `.half().float()`) can reuse one of their addresses and pass for it.
+        aliases = tuple(t.detach() for t in (source, *weights))
+        self._entry = (source, tuple(weights), self._state(source, weights), derived, aliases)
 
     def get(self, source: torch.Tensor, weights):
         entry, self._entry = self._entry, None
         if entry is None or torch.is_grad_enabled():
             return None
-        source_ref, weight_refs, state, derived, _ = entry
-        same_objects = source_ref() is source and len(weight_refs) == len(weights) and all(
-            ref() is w for ref, w in zip(weight_refs, weights))
+        kept_source, kept_weights, state, derived, _ = entry
+        same_objects = kept_source is source and len(kept_weights) == len(weights) and all(
+            kept is w for kept, w in zip(kept_weights, weights))
         if not same_objects or state != self._state(source, weights):
             return None
         self._entry = entry

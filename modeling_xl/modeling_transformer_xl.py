@@ -305,8 +305,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         if attention_mask is not None:
             mask = with_key_padding(mask, attention_mask, mlen)
         cached = (use_cache is None or use_cache) and cache_enabled()
-        if not cached and (use_cache is not None or torch.is_grad_enabled()) and not torch.compiler.is_compiling():
-            self.clear_inference_cache()  # use_cache=False, or training: nothing evaluation kept stays alive
+        if not cached and not torch.compiler.is_compiling():
+            self.clear_inference_cache()  # use_cache=False or training: nothing evaluation kept stays alive
         pos_emb = self.drop(self.position_embeddings(mlen + qlen, h.dtype, h.device, use_cache=cached))
         h = self.drop(h)
         shared_bias = (None, None) if cfg.untie_r else (self.r_w_bias, self.r_r_bias)
