@@ -55,6 +55,68 @@ def gathered_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Ten
     return torch.log_softmax(logits, dim=-1).gather(1, index[:, None]).squeeze(1)
 
 
+class TableGradient:
+    """The tied table's gradient, deferred from the softmax to the embedding lookup.
+
+    The output softmax is the first node of backward and the embedding lookup the last. Computed in the softmax's
+    backward, the table's gradient ([V, d], 61 MB at the `wide` benchmark preset) would be allocated while every
+    activation of the step is still alive, the peak of a training step. Instead `SharedTableLogits` leaves here what
+    the gradient is made of (the logits' gradients and the hidden states they multiply, both already alive), and
+    `TiedEmbeddingLookup`'s backward, when activations are gone, builds the gradient of both uses of the table in one
+    buffer. Created per forward by `TransformerXLForCausalLM` and handed to both nodes; a term that arrives after the
+    lookup's backward (or with no lookup) is computed where it arises, so no gradient is lost.
+    """
+
+    def __init__(self):
+        self.terms: list[tuple[list[int], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
+        self.closed = False
+
+    def add_into(self, grad_weight: torch.Tensor, first: bool) -> bool:
+        """Write (`first`) or add every pending term into `grad_weight`; returns whether anything was written."""
+        for sizes, grads, hiddens in self.terms:
+            _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate=not first)
+            first = False
+        self.terms = []
+        return not first
+
+
+def _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate: bool) -> None:
+    """grad_weight[rows of cluster i] (+)= grads[i][:, :sizes[i]].T @ hiddens[i], one product per cluster."""
+    lo = 0
+    for size, grad, hidden in zip(sizes, grads, hiddens):
+        rows = grad[:, :size]
+        if accumulate:
+            grad_weight[lo : lo + size].addmm_(rows.t(), hidden)
+        else:
+            torch.mm(rows.t(), hidden, out=grad_weight[lo : lo + size])
+        lo += size
+
+
+class TiedEmbeddingLookup(torch.autograd.Function):
+    """`F.embedding(ids, weight)` whose backward also adds the deferred softmax terms of `TableGradient` (one [V, d]
+    buffer for both uses of a tied table). Inputs: weight [V, d], ids (any shape), the `TableGradient`."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, ids: torch.Tensor, deferred: TableGradient) -> torch.Tensor:
+        ctx.save_for_backward(ids)
+        ctx.deferred, ctx.table_shape = deferred, weight.shape
+        return F.embedding(ids, weight)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (ids,) = ctx.saved_tensors
+        deferred = ctx.deferred
+        deferred.closed = True
+        if not ctx.needs_input_grad[0]:
+            deferred.terms = []
+            return None, None, None
+        grad_weight = grad_out.new_empty(ctx.table_shape)
+        if not deferred.add_into(grad_weight, first=True):
+            grad_weight.zero_()
+        grad_weight.index_add_(0, ids.reshape(-1), grad_out.reshape(-1, grad_out.size(-1)))
+        return grad_weight, None, None
+
+
 class SharedTableLogits(torch.autograd.Function):
     """Logits of every cluster from one shared output table (div_val == 1), as one autograd node.
 
@@ -62,14 +124,16 @@ class SharedTableLogits(torch.autograd.Function):
     per tail cluster from `cluster_weight`, `cluster_bias`. Written with `split` or slices, autograd would build the
     table's gradient from per-cluster pieces: `split` concatenates them into a new [V, d] while they are all alive
     (the peak of a `wide` training step), slices zero-fill a [V, d] per cluster. Here each cluster's weight gradient
-    is one matrix product written straight into its rows of a single [V, d] buffer.
+    is one matrix product written straight into its rows of a single [V, d] buffer, or, given a `TableGradient`
+    (tied to the input embedding), left to the embedding lookup's backward at the end of the step.
     Inputs: weight [V, d], bias [V], cluster_weight [C, d] or None, cluster_bias [C] or None, sizes (rows per
-    cluster, summing to V), then one hidden [N_i, d] per cluster. Returns one logits tensor per cluster.
+    cluster, summing to V), a `TableGradient` or None, then one hidden [N_i, d] per cluster. Returns one logits tensor
+    per cluster.
     """
 
     @staticmethod
-    def forward(ctx, weight, bias, cluster_weight, cluster_bias, sizes, *hiddens):
-        ctx.sizes = sizes
+    def forward(ctx, weight, bias, cluster_weight, cluster_bias, sizes, deferred, *hiddens):
+        ctx.sizes, ctx.deferred = sizes, deferred
         ctx.has_clusters = cluster_weight is not None
         ctx.save_for_backward(weight, cluster_weight, *hiddens)
         outputs = []
@@ -82,25 +146,29 @@ class SharedTableLogits(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         weight, cluster_weight, *hiddens = ctx.saved_tensors
-        grad_weight = torch.empty_like(weight)
-        grad_bias = weight.new_empty(weight.size(0))
-        grad_cluster_weight = grad_cluster_bias = None
+        sizes, deferred = ctx.sizes, ctx.deferred
+        grad_weight = grad_bias = grad_cluster_weight = grad_cluster_bias = None
+        if ctx.needs_input_grad[0]:
+            if deferred is not None and not deferred.closed:
+                deferred.terms.append((sizes, grads, tuple(hiddens)))
+            else:
+                grad_weight = torch.empty_like(weight)
+                _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate=False)
+        if ctx.needs_input_grad[1]:
+            grad_bias = torch.cat([grad[:, :size].sum(0) for size, grad in zip(sizes, grads)])
         grad_hiddens = []
         lo = 0
         for i, (hidden, grad) in enumerate(zip(hiddens, grads)):
-            hi = lo + ctx.sizes[i]
-            rows = grad[:, : ctx.sizes[i]]
-            torch.mm(rows.t(), hidden, out=grad_weight[lo:hi])
-            torch.sum(rows, 0, out=grad_bias[lo:hi])
-            grad_hidden = rows @ weight[lo:hi]
+            hi = lo + sizes[i]
+            grad_hidden = grad[:, : sizes[i]] @ weight[lo:hi]
             if i == 0 and ctx.has_clusters:
-                cluster_rows = grad[:, ctx.sizes[0]:]
+                cluster_rows = grad[:, sizes[0] :]
                 grad_cluster_weight = cluster_rows.t() @ hidden
                 grad_cluster_bias = cluster_rows.sum(0)
                 grad_hidden = grad_hidden.addmm_(cluster_rows, cluster_weight)
             grad_hiddens.append(grad_hidden)
             lo = hi
-        return grad_weight, grad_bias, grad_cluster_weight, grad_cluster_bias, None, *grad_hiddens
+        return grad_weight, grad_bias, grad_cluster_weight, grad_cluster_bias, None, None, *grad_hiddens
 
 
 def needs_projections(config) -> bool:
@@ -133,9 +201,14 @@ class AdaptiveEmbedding(nn.Module):
             projs = [Projection(config.d_model, d) for d in dims]
         self.emb_projs = nn.ModuleList(projs)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, table_gradient: TableGradient | None = None) -> torch.Tensor:
+        """`table_gradient`: see `TableGradient` (div_val == 1 only; the softmax shares this table)."""
         if self.div_val == 1:
-            emb = self.emb_layers[0](input_ids)
+            table = self.emb_layers[0].weight
+            if table_gradient is not None and torch.is_grad_enabled() and table.requires_grad:
+                emb = TiedEmbeddingLookup.apply(table, input_ids, table_gradient)
+            else:
+                emb = self.emb_layers[0](input_ids)
             if len(self.emb_projs):
                 emb = F.linear(emb, self.emb_projs[0].weight)
             return emb * self.scale
@@ -197,10 +270,12 @@ class AdaptiveLogSoftmax(nn.Module):
             hidden = hidden @ self.out_projs[i].weight.to(hidden.dtype)
         return F.linear(hidden, weight.to(hidden.dtype), bias.to(hidden.dtype)).float()
 
-    def every_cluster_logits(self, hiddens: list[torch.Tensor]) -> list[torch.Tensor]:
+    def every_cluster_logits(self, hiddens: list[torch.Tensor],
+                             table_gradient: TableGradient | None = None) -> list[torch.Tensor]:
         """`cluster_logits(hiddens[i], i)` for every cluster i (float32). With one shared table (div_val == 1) all of
-        them come from one `SharedTableLogits` node, whose backward writes the table's gradient in place; under
-        autocast (where the products change dtype) each cluster goes through `cluster_logits`."""
+        them come from one `SharedTableLogits` node, whose backward writes the table's gradient in place (or leaves it
+        to `table_gradient`); under autocast (where the products change dtype) each cluster goes through
+        `cluster_logits`."""
         shared = self.div_val == 1 and not torch.is_autocast_enabled(hiddens[0].device.type)
         if not shared or hiddens[0].dtype != self.out_layers[0].weight.dtype:
             weights = self.cluster_weights()
@@ -211,10 +286,12 @@ class AdaptiveLogSoftmax(nn.Module):
         clusters = (self.cluster_weight, self.cluster_bias) if self.n_clusters else (None, None)
         sizes = [hi - lo for lo, hi in self.bounds]
         return [logits.float() for logits in SharedTableLogits.apply(layer.weight, layer.bias, *clusters, sizes,
-                                                                     *hiddens)]
+                                                                     table_gradient, *hiddens)]
 
-    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """NLL [N] (0 where target == -100) when `targets` [N] is given, else log-probs [N, V] (float32)."""
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
+                table_gradient: TableGradient | None = None) -> torch.Tensor:
+        """NLL [N] (0 where target == -100) when `targets` [N] is given, else log-probs [N, V] (float32).
+        `table_gradient`: see `TableGradient` (the causal LM passes one when the table is tied to the input)."""
         if targets is None:
             weights = self.cluster_weights()
             head_logprob = torch.log_softmax(self.cluster_logits(hidden, 0, weights), dim=-1)
@@ -231,7 +308,7 @@ class AdaptiveLogSoftmax(nn.Module):
         head_column = torch.where(cluster == 0, targets, self.shortlist + cluster - 1).masked_fill(~valid, 0)
         # Every cluster runs, on an empty selection too, so that all parameters take part in the graph.
         rows = [(cluster == i).nonzero().squeeze(1) for i in range(1, self.n_clusters + 1)]
-        logits = self.every_cluster_logits([hidden, *(hidden[idx] for idx in rows)])
+        logits = self.every_cluster_logits([hidden, *(hidden[idx] for idx in rows)], table_gradient)
         logprob = gathered_log_softmax(logits[0], head_column)  # [N, shortlist + clusters] -> [N]
         for i, idx in enumerate(rows, start=1):
             local = targets[idx] - self.bounds[i][0]

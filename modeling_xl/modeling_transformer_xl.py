@@ -17,7 +17,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
-from .adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, needs_projections
+from .adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, TableGradient, needs_projections
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout, relu_dropout
 from .inference_cache import enabled as cache_enabled
@@ -49,15 +49,25 @@ class TransformerXLCausalLMOutput(ModelOutput):
 
 
 def update_memory(mems, hiddens, mem_len: int):
-    """New memory per layer: the last `mem_len` states of `[mem; hidden]`, detached (no gradient crosses segments)."""
+    """New memory per layer: the last `mem_len` states of `[mem; hidden]`, detached (no gradient crosses segments).
+
+    Each is a tensor of its own size, or the hidden state itself (detached, same storage) when that is exactly the
+    memory: in training the layers keep that storage for backward anyway, so the memory costs nothing extra there.
+    A slice of a concatenation would hold all of `[mem; hidden]`, a view of a longer hidden state all of it."""
     if mem_len == 0:
         return None
     if mems is None:
         mems = [None] * len(hiddens)
+
+    def new_memory(m: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
+        if h.size(1) == mem_len or (m is None and h.size(1) < mem_len):
+            return h.detach()
+        if h.size(1) > mem_len:
+            return h[:, -mem_len:].detach().clone()
+        return torch.cat([m[:, -(mem_len - h.size(1)):], h], dim=1).detach()
+
     with torch.no_grad():
-        return tuple(
-            (h if m is None else torch.cat([m, h], dim=1))[:, -mem_len:].detach() for m, h in zip(mems, hiddens)
-        )
+        return tuple(new_memory(m, h) for m, h in zip(mems, hiddens))
 
 
 def with_key_padding(mask: torch.Tensor, attention_mask: torch.Tensor, mlen: int) -> torch.Tensor:
@@ -282,6 +292,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         return_dict: bool | None = None,
         attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        table_gradient: TableGradient | None = None,
         **kwargs,
     ) -> TransformerXLModelOutput | tuple:
         """`attention_mask` (optional, 1 = real token, 0 = padding) [B, T] or [B, M+T] (memory included) hides padding
@@ -291,7 +302,10 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         keeps the keys and values it computed for the memory it returns, and reuses them when that memory comes back
         unchanged in the next call, instead of projecting it again (exact; see `inference_cache`, which also says what
         it cannot see). It holds keys and values of the memory, twice the memory's size; `use_cache=False` drops
-        them and recomputes, and so does every forward with gradients."""
+        them and recomputes, and so does every forward with gradients.
+
+        `table_gradient` (internal, from `TransformerXLForCausalLM`): defers the tied softmax's share of the input
+        table's gradient to the embedding lookup (`adaptive_softmax.TableGradient`)."""
         cfg = self.config
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -299,7 +313,10 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         _, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems)
         mems = mems if mems is not None and mems[0].size(1) > 0 else None
 
-        h = self.word_emb(input_ids) if inputs_embeds is None else inputs_embeds
+        if inputs_embeds is not None:
+            h = inputs_embeds
+        else:
+            h = self.word_emb(input_ids) if table_gradient is None else self.word_emb(input_ids, table_gradient)
         mlen = 0 if mems is None else mems[0].size(1)
         mask = causal_mask(qlen, mlen, cfg.same_length, cfg.mem_len, device=h.device)
         if attention_mask is not None:
@@ -370,8 +387,9 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if labels is not None and next_token_labels is not None:
             raise ValueError("expected at most one of labels and next_token_labels, got both")
+        table_gradient = self._table_gradient(input_ids, inputs_embeds, labels, next_token_labels)
         outputs = self.transformer(input_ids, mems, inputs_embeds, output_attentions, output_hidden_states,
-                                   return_dict=True, use_cache=use_cache)
+                                   return_dict=True, use_cache=use_cache, table_gradient=table_gradient)
         hidden = outputs.last_hidden_state  # [B, T, d]
         batch, qlen = hidden.shape[:2]
         loss = losses = logits = None
@@ -385,7 +403,7 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
             valid = targets != -100
             if bool(((targets < 0) & valid).any() or (targets >= self.config.vocab_size).any()):
                 raise ValueError(f"{name} has ids outside [0, vocab_size={self.config.vocab_size}) (and not -100)")
-            losses = self.lm_head(hidden.reshape(-1, hidden.size(-1)), targets).view(batch, -1)
+            losses = self.lm_head(hidden.reshape(-1, hidden.size(-1)), targets, table_gradient).view(batch, -1)
             loss = losses.sum() / valid.sum().clamp(min=1)
         else:
             kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
@@ -393,6 +411,18 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         out = TransformerXLCausalLMOutput(loss=loss, losses=losses, logits=logits, mems=outputs.mems,
                                           hidden_states=outputs.hidden_states, attentions=outputs.attentions)
         return out if return_dict else out.to_tuple()
+
+    def _table_gradient(self, input_ids, inputs_embeds, labels, next_token_labels) -> TableGradient | None:
+        """A `TableGradient` when the loss's softmax shares one table with the input lookup of this forward: the
+        table's gradient is then built at the end of backward instead of at its start, when every activation is
+        alive (the peak of a training step)."""
+        table = self.lm_head.out_layers[0].weight
+        shared = (self.config.div_val == 1 and table is self.transformer.word_emb.emb_layers[0].weight
+                  and table.requires_grad)
+        if (not shared or input_ids is None or inputs_embeds is not None or not torch.is_grad_enabled()
+                or (labels is None and next_token_labels is None) or torch.compiler.is_compiling()):
+            return None
+        return TableGradient()
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
         """`generate` keeps our memory under `past_key_values`; with memory, only the newest token is fed."""

@@ -134,28 +134,37 @@ def _input_dtypes(ctx, grads) -> list[torch.Tensor]:
     return [g.to(dtype) for g, dtype in zip(grads, ctx.input_dtypes)]
 
 
-def _softmax_dropout_value(scores, value, mask, dropout_p: float, scale: float):
-    """Forward core of the fused attentions: softmax(scores * scale, masked), dropout, @ value. `scores` [B, H, T, K]
-    (the raw sum of score terms) is scaled and masked in place. Returns (out, probs, keep-mask or None, keep scale)."""
+def _masked_softmax(scores, mask, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """softmax(scores * scale, masked) in float32 or wider, cast to `dtype`; `scores` is scaled and masked in place."""
     scores *= scale
     if mask is not None:
         scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
     low_precision = scores.dtype in (torch.float16, torch.bfloat16)
-    probs = torch.softmax(scores.float() if low_precision else scores, dim=-1).to(value.dtype)
-    del scores
+    return torch.softmax(scores.float() if low_precision else scores, dim=-1).to(dtype)
+
+
+def _dropout_value(probs, value, dropout_p: float):
+    """(dropout(probs) @ value, keep-mask or None, keep scale)."""
     if dropout_p == 0:
-        return torch.matmul(probs, value), probs, None, 1.0
+        return torch.matmul(probs, value), None, 1.0
     keep, keep_scale = keep_mask(probs.shape, dropout_p, probs.device)
-    return torch.matmul(probs * keep * keep_scale, value), probs, keep, keep_scale
+    return torch.matmul(probs * keep * keep_scale, value), keep, keep_scale
+
+
+def _softmax_dropout_value(scores, value, mask, dropout_p: float, scale: float):
+    """Forward core of the fused attentions: softmax(scores * scale, masked), dropout, @ value. `scores` [B, H, T, K]
+    (the raw sum of score terms) is scaled and masked in place. Returns (out, probs, keep-mask or None, keep scale)."""
+    probs = _masked_softmax(scores, mask, scale, value.dtype)
+    del scores
+    out, keep, keep_scale = _dropout_value(probs, value, dropout_p)
+    return out, probs, keep, keep_scale
 
 
 def _softmax_dropout_value_backward(grad_out, value, mask, probs, keep, keep_scale: float, scale: float):
     """(grad of value, grad of the raw score sum): dV = P'^T dO with P' the dropped probabilities, dP = dO V^T
     (masked like P'), dS = P * (dP - rowsum(dP * P)) * scale, zero where masked."""
     grad_out = grad_out.to(value.dtype).contiguous()
-    dropped = probs if keep is None else probs * keep * keep_scale
-    grad_value = torch.matmul(dropped.transpose(-1, -2), grad_out)
-    del dropped
+    grad_value = _grad_value(grad_out, probs, keep, keep_scale)
     grad_probs = torch.matmul(grad_out, value.transpose(-1, -2))  # [B, H, T, K]
     if keep is not None:
         grad_probs.mul_(keep).mul_(keep_scale)
@@ -167,18 +176,64 @@ def _softmax_dropout_value_backward(grad_out, value, mask, probs, keep, keep_sca
     return grad_value, grad_scores
 
 
+def _grad_value(grad_out, probs, keep, keep_scale: float) -> torch.Tensor:
+    """dV = P'^T dO, P' the probabilities after dropout."""
+    dropped = probs if keep is None else probs * keep * keep_scale
+    return torch.matmul(dropped.transpose(-1, -2), grad_out)
+
+
+def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
+    """`rel_shift(q_v @ r^T, klen, shift)`, the product written straight into the padded buffer that rel_shift reads
+    (no separate [B, H, T, R], no pad copy). One product per batch row: r [H, R, D] broadcast over the batch would be
+    copied B times by a single batched product. q_v [B, H, T, D], r [H, R, D] -> [B, H, T, klen] (a view)."""
+    *lead, qlen, _ = q_v.shape
+    rlen = r.size(-2)
+    padded = q_v.new_empty(*lead, qlen, rlen + 1)
+    padded[..., rlen].zero_()
+    r_t = r.transpose(-1, -2)
+    for b in range(q_v.size(0)):
+        torch.matmul(q_v[b], r_t, out=padded[b, ..., :rlen])
+    return padded.flatten(-2)[..., shift : shift + qlen * rlen].view(*lead, qlen, rlen)[..., :klen]
+
+
+def _relative_probs(q_u, q_v, key, r, mask, shift: int, scale: float) -> torch.Tensor:
+    """softmax(((q + u) . k + rel_shift((q + v) . r)) * scale, masked), [B, H, T, K] in the keys' dtype. Deterministic
+    in its inputs: the backward of `FusedRelativeAttention` recomputes the very same probabilities."""
+    scores = torch.matmul(q_u, key.transpose(-1, -2))  # [B, H, T, K]
+    scores += _shifted_position_scores(q_v, r, key.size(2), shift)
+    return _masked_softmax(scores, mask, scale, key.dtype)
+
+
+def _unshift_buffer(like: torch.Tensor, qlen: int, rlen: int, klen: int, shift: int):
+    """The buffer of the inverse of `rel_shift`: (padded [*, T, R + 1], window [*, T, klen]), `window` being where
+    rel_shift reads its output from (each visible score has exactly one source there), everything else zero. The
+    scores' gradient written into `window` makes `padded[..., :R]` the gradient of the unshifted scores, no copy."""
+    *lead, _, _ = like.shape
+    padded = like.new_empty(*lead, qlen, rlen + 1)
+    flat = padded.flatten(-2)
+    flat[..., :shift].zero_()
+    flat[..., shift + qlen * rlen :].zero_()
+    window = flat[..., shift : shift + qlen * rlen].view(*lead, qlen, rlen)
+    window[..., klen:].zero_()
+    return padded, window[..., :klen]
+
+
 class FusedRelativeAttention(torch.autograd.Function):
     """softmax(((q + u) . k + rel_shift((q + v) . r)) / sqrt(D), masked) @ value as one autograd node, for training.
 
-    Same result as `position_scores` + `attend`, but only q + u and the probabilities [B, H, T, K] (and the dropout
-    keep-mask) are saved for backward; the scaled, shifted and masked scores are built in place, and q + v is rebuilt
-    in backward as (q + u) + (v - u). Autograd through the separate ops keeps several [B, H, T, K] tensors alive, and on
-    CPU SDPA falls back to its unfused math path in training; this is where both the step time and the peak memory of
-    long segments go (benchmarks/README.md).
-    Backward (the standard softmax-attention gradient, `_softmax_dropout_value_backward`) gives dS; the content part
-    gives d(q + u) = dS k, dk = dS^T (q + u); the position part is dS shifted back into the table (the inverse of
-    `rel_shift`: every visible entry has one source) giving d(q + v) and dr; dq is their sum, du and dv their sums over
-    batch and positions.
+    Same result as `position_scores` + `attend`. Saved for backward: q + u, the keys, values, position vectors, the
+    dropout keep-mask and the output, not the probabilities [B, H, T, K]: backward recomputes them (two products of
+    its eleven, and a softmax). Those were the largest activation of a layer, 8 MB per layer at the `wide` benchmark
+    preset, and leaving them out brings a training step's peak memory under 0.7x the legacy implementation's
+    (benchmarks/README.md). Autograd through the separate ops would keep several [B, H, T, K] tensors alive, and on
+    CPU SDPA falls back to its unfused math path in training.
+    Backward (the standard softmax-attention gradient) gives dS; the content part gives d(q + u) = dS k,
+    dk = dS^T (q + u); the position part is dS shifted back into the table (the inverse of `rel_shift`: every visible
+    entry has one source) giving d(q + v) and dr; dq is their sum, du and dv their sums over batch and positions.
+    dS is built in one [B, H, T, R + 1] buffer: dP = dO V^T is written into the window of the inverse shift, turned
+    into dS there in place (rowsum(dP * P) = rowsum(dO * O), from the output), and read back unshifted. The output
+    is a [B, H, T, D] view of a [B, T, H, D] tensor, so that merging the heads is a view and the output projection
+    saves the same storage as this node.
     Inputs: q [B, H, T, D]; u, v [H, D] (the content and position biases); key, value [B, H, K, D]; r [H, R, D];
     mask bool broadcastable to [B, H, T, K]; shift (see `rel_shift`); dropout_p.
     """
@@ -187,33 +242,47 @@ class FusedRelativeAttention(torch.autograd.Function):
     def forward(ctx, q, u, v, key, value, r, mask, shift: int, dropout_p: float):
         with torch.autocast(key.device.type, enabled=False):
             q, u, v, key, value, r = _common_dtype(ctx, (q, u, v, key, value, r), key)
-            klen, scale = key.size(2), 1.0 / math.sqrt(q.size(-1))
-            q_u = q + u[:, None]
-            scores = torch.matmul(q_u, key.transpose(-1, -2))  # [B, H, T, K]
-            scores += rel_shift(torch.matmul(q + v[:, None], r.transpose(-1, -2)), klen, shift)  # [B, H, T, R] shifted
-            out, probs, keep, ctx.keep_scale = _softmax_dropout_value(scores, value, mask, dropout_p, scale)
-        ctx.save_for_backward(q_u, u, v, key, value, r, mask, probs, keep)
+            key, value, r = key.contiguous(), value.contiguous(), r.contiguous()
+            scale = 1.0 / math.sqrt(q.size(-1))
+            q_u = torch.add(q, u[:, None], out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
+            probs = _relative_probs(q_u, q_u + (v - u)[:, None], key, r, mask, shift, scale)
+            out, keep, ctx.keep_scale = _dropout_value(probs, value, dropout_p)
+            del probs
+            out = out.transpose(1, 2).contiguous().transpose(1, 2)  # [B, H, T, D] over [B, T, H, D] storage
+        ctx.save_for_backward(q_u, u, v, key, value, r, mask, keep, out)
         ctx.shift, ctx.scale = shift, scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q_u, u, v, key, value, r, mask, probs, keep = ctx.saved_tensors
+        q_u, u, v, key, value, r, mask, keep, out = ctx.saved_tensors
         with torch.autocast(grad_out.device.type, enabled=False):
-            grad_value, grad_scores = _softmax_dropout_value_backward(grad_out, value, mask, probs, keep,
-                                                                      ctx.keep_scale, ctx.scale)
-            grad_q_u = torch.matmul(grad_scores, key)
+            grad_out = grad_out.to(value.dtype).contiguous()
+            q_v = q_u + (v - u)[:, None]
+            probs = _relative_probs(q_u, q_v, key, r, mask, ctx.shift, ctx.scale)
+            grad_value = _grad_value(grad_out, probs, keep, ctx.keep_scale)
+            acc = torch.promote_types(out.dtype, torch.float32)  # bf16 / fp16 accumulate in float32
+            rowsum = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True)  # rowsum(dP * P), [B, H, T, 1]
+            qlen, klen, rlen = q_u.size(2), key.size(2), r.size(1)
+            padded, grad_scores = _unshift_buffer(q_u, qlen, rlen, klen, ctx.shift)
+            torch.matmul(grad_out, value.transpose(-1, -2), out=grad_scores)  # dP, [B, H, T, K]
+            if keep is not None:
+                grad_scores.mul_(keep).mul_(ctx.keep_scale)
+            grad_scores.sub_(rowsum.to(grad_scores.dtype)).mul_(probs).mul_(ctx.scale)
+            del probs
+            grad_scores.masked_fill_(mask, 0.0)
+            grad_q = torch.matmul(grad_scores, key)  # d(q + u), then d(q + v) added per batch row below
             grad_key = torch.matmul(grad_scores.transpose(-1, -2), q_u)
-            *lead, qlen, klen = grad_scores.shape
-            rlen, shift = r.size(1), ctx.shift
-            padded = grad_scores.new_zeros(*lead, qlen, rlen + 1)  # the inverse of rel_shift's pad + view
-            padded.flatten(-2)[..., shift : shift + qlen * rlen].view(*lead, qlen, rlen)[..., :klen] = grad_scores
             del grad_scores
-            grad_bd = padded[..., :rlen]  # [B, H, T, R]
-            grad_q_v = torch.matmul(grad_bd, r)
-            grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_u + (v - u)[:, None]).sum(0)  # [H, R, D]
-            grad_u, grad_v = grad_q_u.sum((0, 2)), grad_q_v.sum((0, 2))
-            grad_q = grad_q_u.add_(grad_q_v)
+            grad_u = grad_q.sum((0, 2))
+            grad_r = torch.zeros_like(r)
+            grad_v = torch.zeros_like(v)
+            for b in range(q_u.size(0)):  # position part, per batch row (see _shifted_position_scores)
+                grad_bd = padded[b, ..., :rlen]  # [H, T, R]
+                grad_q_v = torch.matmul(grad_bd, r)  # [H, T, D]
+                grad_v += grad_q_v.sum(1)
+                grad_q[b] += grad_q_v
+                grad_r.baddbmm_(grad_bd.transpose(-1, -2), q_v[b])
         grads = _input_dtypes(ctx, (grad_q, grad_u, grad_v, grad_key, grad_value, grad_r))
         return (*grads, None, None, None)
 
@@ -283,20 +352,24 @@ class RelativeMultiHeadAttention(nn.Module):
         return x.view(x.size(0), x.size(1), self.n_head, self.d_head).transpose(1, 2)
 
     def project(self, h: torch.Tensor, mem: torch.Tensor | None, use_cache: bool = False) -> tuple[torch.Tensor, ...]:
-        """Queries from `h` [B, T, d]; keys and values from `[mem; h]` [B, M+T, d]. Each [B, H, *, D]. With
-        `use_cache` (set by the backbone only where `inference_cache.enabled()`) the memory's keys and values may come
-        from the cache, and those of `[mem; h]` stay pending until `keep_memory_projection`."""
+        """Queries from `h` [B, T, d]; keys and values from `[mem; h]` [B, M+T, d]. Each [B, H, *, D]; keys and values
+        contiguous in that layout (the attention products would otherwise copy them, each time). With `use_cache`
+        (set by the backbone only where `inference_cache.enabled()`) the memory's keys and values may come from the
+        cache, and those of `[mem; h]` stay pending until `keep_memory_projection`."""
         inner = self.n_head * self.d_head
         q, k, v = F.linear(self.layer_norm(h) if self.pre_lnorm else h, self.qkv_net.weight).split(inner, dim=-1)
+        k, v = self.split_heads(k), self.split_heads(v)
         if mem is not None and mem.size(1) > 0:
             cached = self.memory_cache.get(mem, self._memory_weights()) if use_cache else None
             if cached is None:
                 mem = self.layer_norm(mem) if self.pre_lnorm else mem
-                cached = F.linear(mem, self.qkv_net.weight[inner:]).split(inner, dim=-1)
-            k, v = torch.cat([cached[0], k], dim=1), torch.cat([cached[1], v], dim=1)
+                cached = [self.split_heads(x) for x in F.linear(mem, self.qkv_net.weight[inner:]).split(inner, -1)]
+            k, v = torch.cat([cached[0], k], dim=2), torch.cat([cached[1], v], dim=2)
+        else:
+            k, v = k.contiguous(), v.contiguous()
         if use_cache:
             self.memory_cache.pending = (k, v)
-        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        return self.split_heads(q), k, v
 
     def _memory_weights(self) -> tuple[torch.Tensor, ...]:
         return (self.qkv_net.weight, self.layer_norm.weight, self.layer_norm.bias) if self.pre_lnorm else (
@@ -310,7 +383,7 @@ class RelativeMultiHeadAttention(nn.Module):
         if pending is None or new_mem is None:
             return
         m = new_mem.size(1)
-        self.memory_cache.put(new_mem, (pending[0][:, -m:], pending[1][:, -m:]), self._memory_weights())
+        self.memory_cache.put(new_mem, (pending[0][:, :, -m:], pending[1][:, :, -m:]), self._memory_weights())
 
     def project_positions(self, pos_emb: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         """W_R R: [K, d] -> [H, K, D]; with `use_cache`, reused while the backbone hands over the same table."""

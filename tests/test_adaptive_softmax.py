@@ -130,3 +130,49 @@ def test_nll_gradients_match_plain_log_softmax(div_val):
     want = [h.grad] + [p.grad if p.grad is not None else torch.zeros_like(p) for p in crit.parameters()]
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)  # logits are float32 whatever the input
+
+
+def _tied_pair(d_embed=16, d_model=16):
+    cfg, emb, crit = make(div_val=1, d_embed=d_embed, d_model=d_model)
+    crit.out_layers[0].weight = emb.emb_layers[0].weight
+    if d_embed != d_model:
+        crit.out_projs[0].weight = emb.emb_projs[0].weight
+    return emb.double(), crit.double()
+
+
+@pytest.mark.parametrize("d_embed", [16, 8])
+def test_deferred_table_gradient_equals_immediate(d_embed):
+    """With a `TableGradient` the tied table's gradient is built by the embedding lookup's backward, at the end of the
+    step; every gradient must equal the one the softmax computes itself (used twice, with a -100 target)."""
+    from modeling_xl.adaptive_softmax import TableGradient
+
+    emb, crit = _tied_pair(d_embed=d_embed)
+    ids, t = torch.randint(0, 97, (3, 7)), torch.randint(0, 97, (21,))
+    t[4] = -100
+    grads = []
+    for deferred in (None, TableGradient()):
+        emb.zero_grad(), crit.zero_grad()
+        h = torch.tanh(emb(ids, deferred)).reshape(-1, 16)
+        (crit(h, t, deferred).sum() + 0.5 * crit(h[:5], t[:5], deferred).sum()).backward()
+        grads.append([p.grad.clone() for p in [*emb.parameters(), *crit.parameters()]])
+        if deferred is not None:
+            assert deferred.closed and deferred.terms == []
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_deferred_table_gradient_without_lookup_backward_is_computed_in_place():
+    """A softmax term that arrives after the lookup's backward has run (or with no lookup at all) is not left
+    pending: the softmax computes it itself."""
+    from modeling_xl.adaptive_softmax import TableGradient
+
+    _, crit = _tied_pair()
+    h, t = torch.randn(9, 16, dtype=torch.float64), torch.randint(0, 97, (9,))
+    crit(h, t).sum().backward()
+    want = crit.out_layers[0].weight.grad.clone()
+    crit.zero_grad()
+    deferred = TableGradient()
+    deferred.closed = True
+    crit(h, t, deferred).sum().backward()
+    torch.testing.assert_close(crit.out_layers[0].weight.grad, want)
+    assert deferred.terms == []

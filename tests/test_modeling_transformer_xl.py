@@ -213,3 +213,50 @@ def test_presets_build_and_unknown_preset_errors():
     assert (large.n_layer, large.d_model, large.d_head, large.cutoffs) == (24, 1024, 128, [])
     with pytest.raises(ValueError, match="preset='nope'"):
         TransformerXLConfig.from_preset("nope")
+
+
+def test_new_memory_is_exact_size_or_the_hidden_state_itself():
+    """The memory never holds more storage than its own size: with mem_len == segment length it is the layer input
+    (detached, shared storage), otherwise a tensor of its own (not a slice of a longer concatenation)."""
+    for mem_len, seg in [(4, 4), (6, 4), (3, 4)]:
+        model = model_for(mem_len=mem_len)
+        x = torch.randint(0, 97, (2, seg))
+        first = model(x, output_hidden_states=True)
+        second = model(x, mems=first.mems, output_hidden_states=True)
+        for m, h in zip(second.mems, second.hidden_states):
+            assert m.shape == (2, mem_len, 16)
+            assert m.untyped_storage().nbytes() == m.numel() * m.element_size()
+            assert (m.untyped_storage().data_ptr() == h.untyped_storage().data_ptr()) == (mem_len == seg)
+
+
+def _graph_nodes(tensor) -> set[str]:
+    seen, stack, names = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(next_fn for next_fn, _ in node.next_functions)
+    return names
+
+
+def test_training_step_gradients_equal_with_and_without_the_deferred_table_gradient():
+    """The causal LM defers the tied table's gradient (div_val 1) to the embedding lookup; `inputs_embeds` takes the
+    softmax's own path. Same weights, same memory: every parameter's gradient must agree."""
+    model = model_for(div_val=1, mem_len=4, dropout=0.0).double().train()
+    x = torch.randint(0, 97, (2, 5))
+    mems = model(x).mems
+    grads = []
+    for use_embeds in (False, True):
+        model.zero_grad()
+        if use_embeds:
+            out = model(inputs_embeds=model.transformer.word_emb(x), mems=mems, labels=x)
+        else:
+            out = model(x, mems=mems, labels=x)
+        assert ("TiedEmbeddingLookupBackward" in _graph_nodes(out.loss)) == (not use_embeds)
+        out.loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)

@@ -109,8 +109,11 @@ def _reference_attention(q, u, v_bias, k, v, r, mask, keep=None, keep_scale=1.0)
     return probs @ v
 
 
-@pytest.mark.parametrize("mask_kind", ["causal", "same_length", "fully_masked_row"])
-def test_fused_relative_attention_matches_unfused_with_gradients(mask_kind):
+@pytest.mark.parametrize("mask_kind,extra_rows", [("causal", 0), ("same_length", 0), ("fully_masked_row", 0),
+                                                  ("causal", 3)])
+def test_fused_relative_attention_matches_unfused_with_gradients(mask_kind, extra_rows):
+    """Output and every input's gradient (gradcheck) against the unfused ops; `extra_rows`: a position table longer
+    than the keys (rel_shift keeps the first K columns)."""
     from modeling_xl.relative_attention import FusedRelativeAttention
 
     B, H, T, M, D = 2, 3, 5, 4, 8
@@ -120,7 +123,7 @@ def test_fused_relative_attention_matches_unfused_with_gradients(mask_kind):
     args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True)]
     args += [torch.randn(H, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
     args += [torch.randn(B, H, K, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
-    args += [torch.randn(H, K, D, dtype=torch.double, requires_grad=True)]
+    args += [torch.randn(H, K + extra_rows, D, dtype=torch.double, requires_grad=True)]
     fused = FusedRelativeAttention.apply(*args, mask, T - 1, 0.0)
     torch.testing.assert_close(fused, _reference_attention(*args, mask))
     assert torch.autograd.gradcheck(lambda *a: FusedRelativeAttention.apply(*a, mask, T - 1, 0.0), args)
@@ -189,3 +192,26 @@ def test_fused_biased_attention_dropout_uses_the_package_mask():
     grad = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, (q, k, v, bias), grad), torch.autograd.grad(want, (q, k, v, bias), grad)):
         torch.testing.assert_close(a, b)
+
+
+def test_training_attention_saves_no_score_sized_tensor():
+    """Training memory: the relative attention recomputes its probabilities in backward instead of keeping any
+    [B, H, T, K] tensor (the largest activation of a layer), and its output, merged over heads, is the very storage
+    that the output projection saves (no second copy of the attention vectors)."""
+    from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+
+    cfg = TransformerXLConfig.from_preset("debug", mem_len=6, dropatt=0.0)
+    model = TransformerXLForCausalLM(cfg).train()
+    x = torch.randint(0, cfg.vocab_size, (2, 5))
+    mems = model(x).mems
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        model(x, mems=mems, labels=x).loss.backward()
+    heads, klen = cfg.n_head, 6 + 5
+    assert not [t.shape for t in saved if t.is_floating_point() and t.dim() == 4 and t.shape[-1] == klen
+                and t.shape[1] == heads]
+    vectors = [t for t in saved if t.dim() == 4 and t.shape == (2, heads, 5, cfg.d_head)]  # q + u and outputs
+    storages = {t.untyped_storage().data_ptr() for t in vectors}
+    merged = [t for t in saved if t.dim() and t.shape[-1] == heads * cfg.d_head and t.numel() == 2 * 5 * heads * cfg.d_head
+              and t.untyped_storage().data_ptr() in storages]
+    assert len(merged) == cfg.n_layer, "each layer's output projection saves the attention node's own output"
