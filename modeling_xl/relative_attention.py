@@ -184,15 +184,12 @@ def _grad_value(grad_out, probs, keep, keep_scale: float) -> torch.Tensor:
 
 def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
     """`rel_shift(q_v @ r^T, klen, shift)`, the product written straight into the padded buffer that rel_shift reads
-    (no separate [B, H, T, R], no pad copy). One product per batch row: r [H, R, D] broadcast over the batch would be
-    copied B times by a single batched product. q_v [B, H, T, D], r [H, R, D] -> [B, H, T, klen] (a view)."""
+    (no separate [B, H, T, R], no pad copy). q_v [B, H, T, D], r [H, R, D] -> [B, H, T, klen] (a view)."""
     *lead, qlen, _ = q_v.shape
     rlen = r.size(-2)
     padded = q_v.new_empty(*lead, qlen, rlen + 1)
     padded[..., rlen].zero_()
-    r_t = r.transpose(-1, -2)
-    for b in range(q_v.size(0)):
-        torch.matmul(q_v[b], r_t, out=padded[b, ..., :rlen])
+    torch.matmul(q_v, r.transpose(-1, -2), out=padded[..., :rlen])
     return padded.flatten(-2)[..., shift : shift + qlen * rlen].view(*lead, qlen, rlen)[..., :klen]
 
 
@@ -222,8 +219,8 @@ class FusedRelativeAttention(torch.autograd.Function):
     """softmax(((q + u) . k + rel_shift((q + v) . r)) / sqrt(D), masked) @ value as one autograd node, for training.
 
     Same result as `position_scores` + `attend`. Saved for backward: q + u, the keys, values, position vectors, the
-    dropout keep-mask and the output, not the probabilities [B, H, T, K]: backward recomputes them (two products of
-    its eleven, and a softmax). Those were the largest activation of a layer, 8 MB per layer at the `wide` benchmark
+    dropout keep-mask and the output, not the probabilities [B, H, T, K]: backward recomputes them (two of the eleven
+    attention products of a training step, and a softmax). Those were the largest activation of a layer, 8 MB per layer at the `wide` benchmark
     preset, and leaving them out brings a training step's peak memory under 0.7x the legacy implementation's
     (benchmarks/README.md). Autograd through the separate ops would keep several [B, H, T, K] tensors alive, and on
     CPU SDPA falls back to its unfused math path in training.
@@ -275,14 +272,11 @@ class FusedRelativeAttention(torch.autograd.Function):
             grad_key = torch.matmul(grad_scores.transpose(-1, -2), q_u)
             del grad_scores
             grad_u = grad_q.sum((0, 2))
-            grad_r = torch.zeros_like(r)
-            grad_v = torch.zeros_like(v)
-            for b in range(q_u.size(0)):  # position part, per batch row (see _shifted_position_scores)
-                grad_bd = padded[b, ..., :rlen]  # [H, T, R]
-                grad_q_v = torch.matmul(grad_bd, r)  # [H, T, D]
-                grad_v += grad_q_v.sum(1)
-                grad_q[b] += grad_q_v
-                grad_r.baddbmm_(grad_bd.transpose(-1, -2), q_v[b])
+            grad_bd = padded[..., :rlen]  # [B, H, T, R]
+            grad_q_v = torch.matmul(grad_bd, r)
+            grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v).sum(0)  # [H, R, D]
+            grad_v = grad_q_v.sum((0, 2))
+            grad_q += grad_q_v
         grads = _input_dtypes(ctx, (grad_q, grad_u, grad_v, grad_key, grad_value, grad_r))
         return (*grads, None, None, None)
 
