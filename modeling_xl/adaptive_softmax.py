@@ -117,6 +117,39 @@ class TiedEmbeddingLookup(torch.autograd.Function):
         return grad_weight, None, None
 
 
+def table_gradient_for(embedding: nn.Embedding, output_weight: torch.Tensor, input_ids, inputs_embeds,
+                       ) -> TableGradient | None:
+    """A `TableGradient` for one forward when the output layer's weight is `embedding`'s own table and that table is
+    looked up from `input_ids` with gradients on (outside `torch.compile`, where the plain ops are traced instead);
+    else None, and both uses of the table take their ordinary autograd paths."""
+    plain = (embedding.padding_idx is None and embedding.max_norm is None and not embedding.sparse
+             and not embedding.scale_grad_by_freq)
+    if (not plain or output_weight is not embedding.weight or not output_weight.requires_grad or input_ids is None
+            or inputs_embeds is not None or not torch.is_grad_enabled() or torch.compiler.is_compiling()):
+        return None
+    return TableGradient()
+
+
+def tied_embedding(weight: torch.Tensor, input_ids: torch.Tensor, table_gradient: TableGradient | None):
+    """`F.embedding(input_ids, weight)`, through `TiedEmbeddingLookup` when a `TableGradient` is given."""
+    if table_gradient is not None and torch.is_grad_enabled() and weight.requires_grad:
+        return TiedEmbeddingLookup.apply(weight, input_ids, table_gradient)
+    return F.embedding(input_ids, weight)
+
+
+def tied_output_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       table_gradient: TableGradient | None) -> torch.Tensor:
+    """`F.linear(hidden, weight, bias)` for an output layer tied to the input table; with a `TableGradient` the
+    weight's gradient is left to the embedding lookup (`SharedTableLogits` with one cluster). Under autocast, or
+    with dtypes that differ, the plain op."""
+    if (table_gradient is None or bias is None or hidden.dtype != weight.dtype
+            or torch.is_autocast_enabled(hidden.device.type)):
+        return F.linear(hidden, weight, bias)
+    (logits,) = SharedTableLogits.apply(weight, bias, None, None, [weight.size(0)], table_gradient,
+                                        hidden.reshape(-1, hidden.size(-1)))
+    return logits.view(*hidden.shape[:-1], weight.size(0))
+
+
 class SharedTableLogits(torch.autograd.Function):
     """Logits of every cluster from one shared output table (div_val == 1), as one autograd node.
 
@@ -204,9 +237,8 @@ class AdaptiveEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor, table_gradient: TableGradient | None = None) -> torch.Tensor:
         """`table_gradient`: see `TableGradient` (div_val == 1 only; the softmax shares this table)."""
         if self.div_val == 1:
-            table = self.emb_layers[0].weight
-            if table_gradient is not None and torch.is_grad_enabled() and table.requires_grad:
-                emb = TiedEmbeddingLookup.apply(table, input_ids, table_gradient)
+            if table_gradient is not None:
+                emb = tied_embedding(self.emb_layers[0].weight, input_ids, table_gradient)
             else:
                 emb = self.emb_layers[0](input_ids)
             if len(self.emb_projs):

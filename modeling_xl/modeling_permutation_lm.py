@@ -24,6 +24,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
+from .adaptive_softmax import TableGradient, table_gradient_for, tied_embedding, tied_output_logits
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
 from .modeling_transformer_xl import (
@@ -182,9 +183,11 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        table_gradient: TableGradient | None = None,
         **kwargs,
     ) -> TransformerXLModelOutput | tuple:
-        """`reuse_len` (default `config.reuse_len`; None: all T) is how many leading tokens feed the next memory."""
+        """`reuse_len` (default `config.reuse_len`; None: all T) is how many leading tokens feed the next memory.
+        `table_gradient` (internal, from `TransformerXLForPermutationLM`): see `adaptive_softmax.TableGradient`."""
         cfg = self.config
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -196,7 +199,11 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
         mems = mems if mems is not None and mems[0].size(1) > 0 else None
         mlen = 0 if mems is None else mems[0].size(1)
 
-        h = self.word_emb(input_ids) if inputs_embeds is None else inputs_embeds
+        if inputs_embeds is not None:
+            h = inputs_embeds
+        else:
+            h = self.word_emb(input_ids) if table_gradient is None else tied_embedding(self.word_emb.weight,
+                                                                                        input_ids, table_gradient)
         content, query = self.streams(perm_mask, attention_mask, token_type_ids, target_mapping, batch, qlen, mlen,
                                       h.device)
         g = None if target_mapping is None else self.drop(self.mask_emb.expand(batch, target_mapping.size(1), -1))
@@ -268,10 +275,13 @@ class TransformerXLForPermutationLM(PermutationLMPreTrainedModel):
         """labels [B, P] (the true token of each prediction; -100 ignored), target_mask [B, P] (0 for padded
         predictions); both [B, T] without target_mapping."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        # the tied table's gradient is built once, at the end of backward (adaptive_softmax.TableGradient)
+        table_gradient = table_gradient_for(self.transformer.word_emb, self.lm_head.weight, input_ids, inputs_embeds)
         outputs = self.transformer(input_ids, perm_mask, target_mapping, token_type_ids, attention_mask, mems,
                                    inputs_embeds, reuse_len, output_attentions, output_hidden_states,
-                                   return_dict=True)
-        logits = self.lm_head(outputs.last_hidden_state)  # [B, P, V]
+                                   return_dict=True, table_gradient=table_gradient)
+        logits = tied_output_logits(outputs.last_hidden_state, self.lm_head.weight, self.lm_head.bias,
+                                    table_gradient)  # [B, P, V]
         loss = losses = None
         if labels is not None:
             expected = tuple(logits.shape[:2])

@@ -17,7 +17,13 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
-from .adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, TableGradient, needs_projections
+from .adaptive_softmax import (
+    AdaptiveEmbedding,
+    AdaptiveLogSoftmax,
+    TableGradient,
+    needs_projections,
+    table_gradient_for,
+)
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout, relu_dropout
 from .inference_cache import enabled as cache_enabled
@@ -416,13 +422,10 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         """A `TableGradient` when the loss's softmax shares one table with the input lookup of this forward: the
         table's gradient is then built at the end of backward instead of at its start, when every activation is
         alive (the peak of a training step)."""
-        table = self.lm_head.out_layers[0].weight
-        shared = (self.config.div_val == 1 and table is self.transformer.word_emb.emb_layers[0].weight
-                  and table.requires_grad)
-        if (not shared or input_ids is None or inputs_embeds is not None or not torch.is_grad_enabled()
-                or (labels is None and next_token_labels is None) or torch.compiler.is_compiling()):
+        if self.config.div_val != 1 or (labels is None and next_token_labels is None):
             return None
-        return TableGradient()
+        return table_gradient_for(self.transformer.word_emb.emb_layers[0], self.lm_head.out_layers[0].weight,
+                                  input_ids, inputs_embeds)
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
         """`generate` keeps our memory under `past_key_values`; with memory, only the newest token is fed."""

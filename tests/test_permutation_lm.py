@@ -391,3 +391,28 @@ def test_remote_code_loading_in_fresh_process(tmp_path):
     got = torch.load(tmp_path / "out.pt", weights_only=True)
     torch.testing.assert_close(got["logits"], model(**inputs).logits)
     torch.testing.assert_close(got["hidden"], model.transformer(**inputs).last_hidden_state)
+
+
+def test_tied_table_gradient_matches_transformers_xlnet():
+    """Training gradients against transformers' XLNet, same weights and batch: the tied table (whose gradient our
+    model builds once, in the embedding lookup's backward, from both of its uses) and every other weight that has a
+    counterpart. `inputs_embeds` (no deferral) must give the same table gradient."""
+    reference, ours = xlnet_pair()
+    reference.train(), ours.train()
+    batch, length, num_predict = 3, 8, 3
+    x = torch.randint(0, V, (batch, length))
+    perm_mask, target_mapping = order_masks(torch.stack([torch.randperm(length) for _ in range(batch)]),
+                                            num_predict)
+    labels = torch.randint(0, V, (batch, num_predict))
+    reference(x, perm_mask=perm_mask, target_mapping=target_mapping, labels=labels).loss.backward()
+    ours(x, perm_mask, target_mapping, labels=labels).loss.backward()
+    want = reference.transformer.word_embedding.weight.grad
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(ours.transformer.word_emb.weight.grad, want, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(ours.lm_head.bias.grad, reference.lm_loss.bias.grad, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(ours.transformer.mask_emb.grad.view(-1), reference.transformer.mask_emb.grad.view(-1),
+                               atol=1e-6, rtol=1e-4)
+    deferred = ours.transformer.word_emb.weight.grad.clone()
+    ours.zero_grad()
+    ours(None, perm_mask, target_mapping, inputs_embeds=ours.transformer.word_emb(x), labels=labels).loss.backward()
+    torch.testing.assert_close(ours.transformer.word_emb.weight.grad, deferred)
