@@ -90,16 +90,22 @@ def permutation_lm_loss(logits: torch.Tensor, labels: torch.Tensor, target_mask:
 
 
 class PermutationLMLayer(GradientCheckpointingLayer):
-    """Two-stream attention, then the same feed-forward sublayer on each stream."""
+    """Two-stream attention, then the same feed-forward sublayer on each stream (on both streams' rows at once: one
+    product per weight, one weight gradient instead of two summed)."""
 
     def __init__(self, config):
         super().__init__()
         self.attn = TwoStreamAttention(config)
         self.ff = PositionwiseFF(config)
 
-    def forward(self, h, g, pos_emb, content, query, mem=None, shared_biases=None, output_attentions=False):
-        h, g, probs = self.attn(h, g, pos_emb, content, query, mem, shared_biases, output_attentions)
-        return self.ff(h), (None if g is None else self.ff(g)), probs
+    def forward(self, h, g, pos_emb, content, query, mem=None, shared_biases=None, output_attentions=False,
+                content_output=True):
+        """`content_output=False` (only with g): return (None, g', probs), the content stream left uncomputed."""
+        out, probs = self.attn(h, g, pos_emb, content, query, mem, shared_biases, output_attentions, content_output)
+        out = self.ff(out)  # [B, T + P, d]: the content stream's rows, then the query stream's (or g's alone)
+        if g is None:
+            return out, None, probs
+        return (out[:, : h.size(1)], out[:, h.size(1) :], probs) if content_output else (None, out, probs)
 
 
 # The Auto classes a saved permutation-LM folder maps (the causal classes' files are copied too, as imports, but their
@@ -215,8 +221,10 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
         for i, layer in enumerate(self.layers):
             hiddens.append(h)
             states.append(h if g is None else (h, g))
+            # the last layer's content stream feeds nothing when the query stream is the output (and is not asked for)
+            content_output = g is None or output_hidden_states or output_attentions or i < len(self.layers) - 1
             h, g, probs = layer(h, g, pos_emb, content, query, None if mems is None else mems[i], shared,
-                                output_attentions=output_attentions)
+                                output_attentions=output_attentions, content_output=content_output)
             attentions.append(probs if g is not None else probs[0])
         states.append(h if g is None else (h, g))
         output = self.drop(h if g is None else g)

@@ -58,16 +58,20 @@ def update_memory(mems, hiddens, mem_len: int):
     """New memory per layer: the last `mem_len` states of `[mem; hidden]`, detached (no gradient crosses segments).
 
     Each is a tensor of its own size, or the hidden state itself (detached, same storage) when that is exactly the
-    memory: in training the layers keep that storage for backward anyway, so the memory costs nothing extra there.
-    A slice of a concatenation would hold all of `[mem; hidden]`, a view of a longer hidden state all of it."""
+    memory and owns its whole storage: in training the layers keep that storage for backward anyway, so the memory
+    costs nothing extra there. A slice of a concatenation would hold all of `[mem; hidden]`, a view of a longer
+    tensor all of it."""
     if mem_len == 0:
         return None
     if mems is None:
         mems = [None] * len(hiddens)
 
     def new_memory(m: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
-        if h.size(1) == mem_len or (m is None and h.size(1) < mem_len):
+        whole = h.untyped_storage().nbytes() == h.numel() * h.element_size()
+        if whole and (h.size(1) == mem_len or (m is None and h.size(1) < mem_len)):
             return h.detach()
+        if m is None and h.size(1) <= mem_len:
+            return h.detach().clone()
         if h.size(1) > mem_len:
             return h[:, -mem_len:].detach().clone()
         return torch.cat([m[:, -(mem_len - h.size(1)):], h], dim=1).detach()

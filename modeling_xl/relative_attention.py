@@ -62,11 +62,15 @@ def rel_shift(x: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
     `shift` elements in: row i then starts at i * (R + 1) + shift - i. One copy (the pad), no gather.
     """
     *lead, qlen, rlen = x.shape
-    if klen > rlen or not 0 <= shift <= qlen:
-        raise ValueError(f"rel_shift: klen={klen}, shift={shift} do not fit {qlen} queries x {rlen} positions")
+    _check_shift(qlen, rlen, klen, shift)
     padded = F.pad(x, (0, 1))  # [..., T, R+1]
     flat = padded.flatten(-2)[..., shift : shift + qlen * rlen]  # [..., T*R]
     return flat.view(*lead, qlen, rlen)[..., :klen]
+
+
+def _check_shift(qlen: int, rlen: int, klen: int, shift: int) -> None:
+    if klen > rlen or not 0 <= shift <= qlen:
+        raise ValueError(f"rel_shift: klen={klen}, shift={shift} do not fit {qlen} queries x {rlen} positions")
 
 
 def causal_mask(qlen: int, mlen: int, same_length: bool = False, mem_len: int = 0, device=None) -> torch.Tensor:
@@ -187,10 +191,49 @@ def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shif
     (no separate [B, H, T, R], no pad copy). q_v [B, H, T, D], r [H, R, D] -> [B, H, T, klen] (a view)."""
     *lead, qlen, _ = q_v.shape
     rlen = r.size(-2)
+    _check_shift(qlen, rlen, klen, shift)
     padded = q_v.new_empty(*lead, qlen, rlen + 1)
     padded[..., rlen].zero_()
     torch.matmul(q_v, r.transpose(-1, -2), out=padded[..., :rlen])
     return padded.flatten(-2)[..., shift : shift + qlen * rlen].view(*lead, qlen, rlen)[..., :klen]
+
+
+class ShiftedPositionScores(torch.autograd.Function):
+    """`rel_shift((q + v) @ r^T, klen, shift)` as one autograd node (`_shifted_position_scores`): the product is
+    written into rel_shift's padded buffer, and backward writes the gradient into the inverse shift's buffer once,
+    where autograd through pad / flatten / slice zero-fills and copies [B, H, T, R]-sized tensors four times.
+    q [B, H, T, D]; v [H, D] (the position bias); r [H, R, D] or [S, H, R, D] with S position tables (batch rows
+    [i*B/S, (i+1)*B/S) use table i). Returns [B, H, T, klen]."""
+
+    @staticmethod
+    def forward(ctx, q, v, r, klen: int, shift: int):
+        q_v = torch.add(q, v[:, None], out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
+        ctx.save_for_backward(q_v, r)
+        ctx.klen, ctx.shift = klen, shift
+        by_table, r_tables = _by_table(q_v, r)
+        return _shifted_position_scores(by_table, r_tables, klen, shift).flatten(0, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q_v, r = ctx.saved_tensors
+        by_table, r_tables = _by_table(q_v, r)
+        rlen = r.size(-2)
+        padded, window = _unshift_buffer(by_table, by_table.size(-2), rlen, ctx.klen, ctx.shift)
+        window.copy_(grad.unflatten(0, window.shape[:2]))
+        grad_bd = padded[..., :rlen]  # [S, B/S, H, T, R]
+        grad_q = grad_v = grad_r = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            grad_q = torch.matmul(grad_bd, r_tables).flatten(0, 1)
+            grad_v = grad_q.sum((0, 2))
+        if ctx.needs_input_grad[2]:
+            grad_r = torch.matmul(grad_bd.transpose(-1, -2), by_table).sum(1).view_as(r)
+        return grad_q, grad_v, grad_r, None, None
+
+
+def _by_table(q_v: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q_v [B, H, T, D] -> [S, B/S, H, T, D] and r [S, H, R, D] (or [H, R, D]) -> [S, 1, H, R, D]."""
+    tables = r.size(0) if r.dim() == 4 else 1
+    return q_v.view(tables, q_v.size(0) // tables, *q_v.shape[1:]), r.reshape(tables, 1, *r.shape[-3:])
 
 
 def _relative_probs(q_u, q_v, key, r, mask, shift: int, scale: float) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .relative_attention import RelativeMultiHeadAttention, attend, rel_shift
+from .relative_attention import RelativeMultiHeadAttention, ShiftedPositionScores, attend
 
 
 def relative_scores_at(scores: torch.Tensor, query_pos: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
@@ -120,17 +120,17 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
         r = self.r_net(pos_emb)  # [S, R, H*D]
         return r.view(r.size(0), r.size(1), self.n_head, self.d_head).transpose(1, 2)
 
-    def attend_stream(self, x, q, k, v, r, biases, shift: int, stream: Stream, output_attentions: bool = False):
-        """One stream: x [B, Tq, d] its residual input, q [B, H, Tq, D] its queries, k/v [B, H, K, D] from
-        [mem; h], r [S, H, R, D] (rows [B/2, B) use the second table when S = 2). Returns ([B, Tq, d], probs)."""
+    def attend_stream(self, q, k, v, r, biases, shift: int, stream: Stream, output_attentions: bool = False):
+        """One stream's attention vectors: q [B, H, Tq, D] its queries, k/v [B, H, K, D] from [mem; h], r
+        [S, H, R, D] (rows [B/2, B) use the second table when S = 2). Returns ([B, H, Tq, D], probs)."""
         r_w_bias, r_r_bias, r_s_bias = biases
         batch, n_head, qlen, _ = q.shape
         klen, tables = k.size(2), r.size(0)
-        q_by_table = (q + r_r_bias[:, None]).view(tables, batch // tables, n_head, qlen, -1)
-        bd = torch.matmul(q_by_table, r[:, None].transpose(-1, -2)).flatten(0, 1)  # [B, H, Tq, R]
         if stream.positions is None:
-            bd = rel_shift(bd, klen, shift)
+            bd = ShiftedPositionScores.apply(q, r_r_bias, r, klen, shift)  # [B, H, Tq, K]
         else:
+            q_by_table = (q + r_r_bias[:, None]).view(tables, batch // tables, n_head, qlen, -1)
+            bd = torch.matmul(q_by_table, r[:, None].transpose(-1, -2)).flatten(0, 1)  # [B, H, Tq, R]
             bd = relative_scores_at(bd, stream.positions, klen, shift)
         if stream.mismatch is not None:
             bd = bd + segment_scores(q, r_s_bias, self.seg_embed, stream.mismatch)
@@ -139,21 +139,28 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
                                  output_attentions)
         if stream.present is not None:
             attn_vec = attn_vec * stream.present[:, None, :, None].to(attn_vec.dtype)
-        return self.merge(x, attn_vec), probs
+        return attn_vec, probs
 
     def forward(self, h, g, pos_emb, content: Stream, query: Stream | None, mem=None, shared_biases=None,
-                output_attentions: bool = False):
+                output_attentions: bool = False, content_output: bool = True):
         """h [B, T, d] content stream, g [B, P, d] query stream or None, pos_emb [S, R, d].
-        Returns (h', g' or None, (content probs, query probs or None))."""
+        Returns ([h'; g'] [B, T + P, d] (both streams' rows, merged by one output projection, residual and LayerNorm:
+        one weight gradient instead of two summed), (content probs, query probs or None)). With a query stream and
+        `content_output=False` (the last layer, whose content output nothing reads) only g' [B, P, d]: the content
+        stream's own attention is not computed, only the keys and values the query stream reads from it."""
         biases = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias, self.r_s_bias)
         q_h, k, v = self.project(h, mem)
         r = self.position_keys(pos_emb)
         # Both XLNet tables start at distance K, so query i (absolute M + i) meets key j on row T - i + j: shift T.
         shift = h.size(1)
-        h_out, h_probs = self.attend_stream(h, q_h, k, v, r, biases, shift, content, output_attentions)
+        h_vec = h_probs = None
+        if g is None or content_output:
+            h_vec, h_probs = self.attend_stream(q_h, k, v, r, biases, shift, content, output_attentions)
         if g is None:
-            return h_out, None, (h_probs, None)
+            return self.merge(h, h_vec), (h_probs, None)
         g_in = self.layer_norm(g) if self.pre_lnorm else g
         q_g = self.split_heads(F.linear(g_in, self.qkv_net.weight[: self.n_head * self.d_head]))  # [B, H, P, D]
-        g_out, g_probs = self.attend_stream(g, q_g, k, v, r, biases, shift, query, output_attentions)
-        return h_out, g_out, (h_probs, g_probs)
+        g_vec, g_probs = self.attend_stream(q_g, k, v, r, biases, shift, query, output_attentions)
+        if not content_output:
+            return self.merge(g, g_vec), (None, g_probs)
+        return self.merge(torch.cat([h, g], dim=1), torch.cat([h_vec, g_vec], dim=2)), (h_probs, g_probs)

@@ -416,3 +416,17 @@ def test_tied_table_gradient_matches_transformers_xlnet():
     ours.zero_grad()
     ours(None, perm_mask, target_mapping, inputs_embeds=ours.transformer.word_emb(x), labels=labels).loss.backward()
     torch.testing.assert_close(ours.transformer.word_emb.weight.grad, deferred)
+
+
+def test_last_layer_content_stream_skipped_only_when_unused():
+    """The last layer's content stream is left uncomputed when the query stream is the output; asking for hidden
+    states or attentions computes it, and the logits are the same either way."""
+    model = plm_model()
+    x = torch.randint(0, V, (2, 8))
+    perm_mask, target_mapping = order_masks(torch.stack([torch.randperm(8) for _ in range(2)]), 3)
+    plain = model(x, perm_mask, target_mapping)
+    full = model(x, perm_mask, target_mapping, output_hidden_states=True, output_attentions=True)
+    torch.testing.assert_close(plain.logits, full.logits)
+    last_h, last_g = full.hidden_states[-1]
+    assert last_h.shape == (2, 8, 16) and last_g.shape == (2, 3, 16)
+    assert all(p is not None for p in full.attentions[-1])

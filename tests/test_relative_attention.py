@@ -215,3 +215,22 @@ def test_training_attention_saves_no_score_sized_tensor():
     merged = [t for t in saved if t.dim() and t.shape[-1] == heads * cfg.d_head and t.numel() == 2 * 5 * heads * cfg.d_head
               and t.untyped_storage().data_ptr() in storages]
     assert len(merged) == cfg.n_layer, "each layer's output projection saves the attention node's own output"
+
+
+@pytest.mark.parametrize("tables,rlen,shift", [(0, 9, 4), (1, 13, 5), (2, 13, 5)])
+def test_shifted_position_scores_matches_rel_shift_with_gradients(tables, rlen, shift):
+    """The one-node position scores (written into rel_shift's buffer; the gradient into the inverse shift's) against
+    rel_shift of the plain product, with one table given as [H, R, D] (tables=0) or S tables [S, H, R, D], and a table
+    longer than the keys (XLNet's bidirectional one)."""
+    from modeling_xl.relative_attention import ShiftedPositionScores
+
+    B, H, T, K, D = 4, 2, 5, 9, 3
+    q = torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True)
+    v = torch.randn(H, D, dtype=torch.double, requires_grad=True)
+    r = torch.randn(*([tables] if tables else []), H, rlen, D, dtype=torch.double, requires_grad=True)
+    r_rows = r if tables else r[None]
+    s = max(tables, 1)
+    q_v = (q + v[:, None]).view(s, B // s, H, T, D)
+    want = rel_shift(torch.matmul(q_v, r_rows[:, None].transpose(-1, -2)).flatten(0, 1), K, shift)
+    torch.testing.assert_close(ShiftedPositionScores.apply(q, v, r, K, shift), want)
+    assert torch.autograd.gradcheck(lambda *a: ShiftedPositionScores.apply(*a, K, shift), (q, v, r))
