@@ -186,12 +186,24 @@ def _grad_value(grad_out, probs, keep, keep_scale: float) -> torch.Tensor:
     return torch.matmul(dropped.transpose(-1, -2), grad_out)
 
 
-def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
-    """`rel_shift(q_v @ r^T, klen, shift)`, the product written straight into the padded buffer that rel_shift reads
-    (no separate [B, H, T, R], no pad copy). q_v [B, H, T, D], r [H, R, D] -> [B, H, T, klen] (a view)."""
+def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shift: int,
+                             hidden_ok: bool = False) -> torch.Tensor:
+    """`rel_shift(q_v @ r^T, klen, shift)` without rel_shift's padded copy. q_v [B, H, T, D], r [H, R, D] ->
+    [B, H, T, klen] (a view).
+
+    Entry (i, j) is row j + shift - i of query i's products. In the contiguous [T, R] product of one (batch, head)
+    that is element i * R + j + shift - i = i * (R - 1) + j + shift: a strided view with row stride R - 1. Where
+    j + shift - i falls outside [0, R) (keys that no table row describes, which Transformer-XL's causal mask hides)
+    that view reads a neighbouring row instead of rel_shift's zero pad; `hidden_ok` says the caller masks them. Where
+    such entries exist and the caller does not say so, the product is written into rel_shift's padded buffer
+    instead (also without a copy, but a strided product is slower)."""
     *lead, qlen, _ = q_v.shape
     rlen = r.size(-2)
     _check_shift(qlen, rlen, klen, shift)
+    all_described = shift >= qlen - 1 and klen - 1 + shift < rlen
+    if (hidden_ok or all_described) and (qlen - 1) * (rlen - 1) + klen - 1 + shift < qlen * rlen:
+        x = torch.matmul(q_v, r.transpose(-1, -2))  # [B, H, T, R], contiguous
+        return x.as_strided((*lead, qlen, klen), (*x.stride()[:-2], rlen - 1, 1), x.storage_offset() + shift)
     padded = q_v.new_empty(*lead, qlen, rlen + 1)
     padded[..., rlen].zero_()
     torch.matmul(q_v, r.transpose(-1, -2), out=padded[..., :rlen])
@@ -240,7 +252,7 @@ def _relative_probs(q_u, q_v, key, r, mask, shift: int, scale: float) -> torch.T
     """softmax(((q + u) . k + rel_shift((q + v) . r)) * scale, masked), [B, H, T, K] in the keys' dtype. Deterministic
     in its inputs: the backward of `FusedRelativeAttention` recomputes the very same probabilities."""
     scores = torch.matmul(q_u, key.transpose(-1, -2))  # [B, H, T, K]
-    scores += _shifted_position_scores(q_v, r, key.size(2), shift)
+    scores += _shifted_position_scores(q_v, r, key.size(2), shift, hidden_ok=mask is not None)
     return _masked_softmax(scores, mask, scale, key.dtype)
 
 

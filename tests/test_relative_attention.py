@@ -217,11 +217,12 @@ def test_training_attention_saves_no_score_sized_tensor():
     assert len(merged) == cfg.n_layer, "each layer's output projection saves the attention node's own output"
 
 
-@pytest.mark.parametrize("tables,rlen,shift", [(0, 9, 4), (1, 13, 5), (2, 13, 5)])
+@pytest.mark.parametrize("tables,rlen,shift", [(0, 9, 4), (1, 13, 5), (2, 13, 5), (1, 14, 5), (2, 14, 5)])
 def test_shifted_position_scores_matches_rel_shift_with_gradients(tables, rlen, shift):
     """The one-node position scores (written into rel_shift's buffer; the gradient into the inverse shift's) against
     rel_shift of the plain product, with one table given as [H, R, D] (tables=0) or S tables [S, H, R, D], and a table
-    longer than the keys (XLNet's bidirectional one)."""
+    longer than the keys; R = 14 describes every (query, key) pair (XLNet's bidirectional table: the strided-view
+    path), the others leave entries that only rel_shift's padding defines (the padded-buffer path)."""
     from modeling_xl.relative_attention import ShiftedPositionScores
 
     B, H, T, K, D = 4, 2, 5, 9, 3
