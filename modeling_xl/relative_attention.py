@@ -211,9 +211,9 @@ def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shif
 
 
 class ShiftedPositionScores(torch.autograd.Function):
-    """`rel_shift((q + v) @ r^T, klen, shift)` as one autograd node (`_shifted_position_scores`): the product is
-    written into rel_shift's padded buffer, and backward writes the gradient into the inverse shift's buffer once,
-    where autograd through pad / flatten / slice zero-fills and copies [B, H, T, R]-sized tensors four times.
+    """`rel_shift((q + v) @ r^T, klen, shift)` as one autograd node (`_shifted_position_scores`, no padded copy in
+    forward), whose backward writes the gradient into the inverse shift's buffer once, where autograd through
+    pad / flatten / slice zero-fills and copies [B, H, T, R]-sized tensors four times.
     q [B, H, T, D]; v [H, D] (the position bias); r [H, R, D] or [S, H, R, D] with S position tables (batch rows
     [i*B/S, (i+1)*B/S) use table i). Returns [B, H, T, klen]."""
 
@@ -270,24 +270,58 @@ def _unshift_buffer(like: torch.Tensor, qlen: int, rlen: int, klen: int, shift: 
     return padded, window[..., :klen]
 
 
+# The fused relative attention builds its [B, H, T, K]-sized tensors (scores, probabilities, their gradient) for blocks
+# of (batch row, head) pairs of at most this many bytes at a time. Long segments then need a few blocks of scratch
+# space instead of several whole-layer tensors, which is what bounds training memory under activation checkpointing.
+# Measured with benchmarks/bench_activation_checkpointing.py's model (2 x 8 heads x 512 x 1024 scores, 32 MB a
+# layer): 1.23 s per plain training step with one block, 0.86 s with 8 MiB blocks, 0.61 s with 4 MiB, 0.63 s with
+# 2 MiB, 0.80 s with 1 MiB (smaller buffers stay in cache and are not fresh pages); tensor peak 149 -> 100 MB.
+SCORE_BLOCK_BYTES = 4 * 2**20
+
+
+def score_blocks(batch: int, heads: int, qlen: int, klen: int, itemsize: int) -> list[tuple[slice, slice]]:
+    """(batch slice, head slice) blocks covering [B, H] whose [*, *, T, K] scores fit `SCORE_BLOCK_BYTES` (at least one
+    pair each): whole batch rows when one row fits, else head ranges within one row, so that every block of a
+    contiguous [B, H, ...] tensor is contiguous. Example: B=2, H=8, 4 pairs per block -> (row 0, heads 0-3),
+    (row 0, heads 4-7), (row 1, heads 0-3), (row 1, heads 4-7)."""
+    pairs = max(1, SCORE_BLOCK_BYTES // (qlen * klen * itemsize))
+    if pairs >= batch * heads:
+        return [(slice(None), slice(None))]
+    if pairs >= heads:
+        rows = pairs // heads
+        return [(slice(b, min(b + rows, batch)), slice(None)) for b in range(0, batch, rows)]
+    return [(slice(b, b + 1), slice(h, min(h + pairs, heads))) for b in range(batch) for h in range(0, heads, pairs)]
+
+
+def _mask_block(mask: torch.Tensor | None, rows: slice, heads: slice) -> torch.Tensor | None:
+    """The part of a mask broadcastable to [B, H, T, K] that applies to one block."""
+    if mask is None or mask.dim() < 3:
+        return mask
+    mask = mask.view(*([1] * (4 - mask.dim())), *mask.shape)
+    return mask[rows if mask.size(0) > 1 else slice(None), heads if mask.size(1) > 1 else slice(None)]
+
+
 class FusedRelativeAttention(torch.autograd.Function):
     """softmax(((q + u) . k + rel_shift((q + v) . r)) / sqrt(D), masked) @ value as one autograd node, for training.
 
     Same result as `position_scores` + `attend`. Saved for backward: q + u, the keys, values, position vectors, the
     dropout keep-mask and the output, not the probabilities [B, H, T, K]: backward recomputes them (two of the eleven
-    attention products of a training step, and a softmax). Those were the largest activation of a layer, 8 MB per layer at the `wide` benchmark
-    preset, and leaving them out brings a training step's peak memory under 0.7x the legacy implementation's
-    (benchmarks/README.md). Autograd through the separate ops would keep several [B, H, T, K] tensors alive, and on
-    CPU SDPA falls back to its unfused math path in training.
+    attention products of a training step, and a softmax). They were the largest activation of a layer (8 MB per
+    layer at the `wide` benchmark preset, where leaving them out took the training tensor peak from 0.83x to 0.66x
+    the legacy implementation's, with the changes around it; benchmarks/README.md). Autograd through the separate ops
+    would keep several [B, H, T, K] tensors alive, and on CPU SDPA falls back to its unfused math path in training.
+    Forward and backward work on blocks of (batch row, head) pairs (`score_blocks`), so the score-sized scratch space
+    is bounded by `SCORE_BLOCK_BYTES` per tensor (a layer of the `tiny` preset is one block, of `wide` two).
     Backward (the standard softmax-attention gradient) gives dS; the content part gives d(q + u) = dS k,
     dk = dS^T (q + u); the position part is dS shifted back into the table (the inverse of `rel_shift`: every visible
     entry has one source) giving d(q + v) and dr; dq is their sum, du and dv their sums over batch and positions.
-    dS is built in one [B, H, T, R + 1] buffer: dP = dO V^T is written into the window of the inverse shift, turned
-    into dS there in place (rowsum(dP * P) = rowsum(dO * O), from the output), and read back unshifted. The output
-    is a [B, H, T, D] view of a [B, T, H, D] tensor, so that merging the heads is a view and the output projection
-    saves the same storage as this node.
+    dS is built in one [b, h, T, R + 1] buffer per block: dP = dO V^T is written into the window of the inverse
+    shift, turned into dS there in place (rowsum(dP * P) = rowsum(dO * O), from the output), and read back unshifted.
+    The output is a [B, H, T, D] view of a [B, T, H, D] tensor, so that merging the heads is a view and the output
+    projection saves the same storage as this node.
     Inputs: q [B, H, T, D]; u, v [H, D] (the content and position biases); key, value [B, H, K, D]; r [H, R, D];
-    mask bool broadcastable to [B, H, T, K]; shift (see `rel_shift`); dropout_p.
+    mask bool broadcastable to [B, H, T, K], hiding every key that no table row describes (as the causal mask does);
+    shift (see `rel_shift`); dropout_p.
     """
 
     @staticmethod
@@ -295,12 +329,22 @@ class FusedRelativeAttention(torch.autograd.Function):
         with torch.autocast(key.device.type, enabled=False):
             q, u, v, key, value, r = _common_dtype(ctx, (q, u, v, key, value, r), key)
             key, value, r = key.contiguous(), value.contiguous(), r.contiguous()
-            scale = 1.0 / math.sqrt(q.size(-1))
+            (batch, heads, qlen, d_head), klen = q.shape, key.size(2)
+            scale = 1.0 / math.sqrt(d_head)
             q_u = torch.add(q, u[:, None], out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
-            probs = _relative_probs(q_u, q_u + (v - u)[:, None], key, r, mask, shift, scale)
-            out, keep, ctx.keep_scale = _dropout_value(probs, value, dropout_p)
-            del probs
-            out = out.transpose(1, 2).contiguous().transpose(1, 2)  # [B, H, T, D] over [B, T, H, D] storage
+            q_v = q_u + (v - u)[:, None]
+            out = q.new_empty(batch, qlen, heads, d_head).transpose(1, 2)  # [B, H, T, D] over [B, T, H, D]
+            keep = None if dropout_p == 0 else torch.empty(batch, heads, qlen, klen, dtype=torch.bool,
+                                                           device=q.device)
+            ctx.keep_scale = 1.0
+            for rows, hs in score_blocks(batch, heads, qlen, klen, q.element_size()):
+                probs = _relative_probs(q_u[rows, hs], q_v[rows, hs], key[rows, hs], r[hs],
+                                        _mask_block(mask, rows, hs), shift, scale)
+                if keep is not None:
+                    keep[rows, hs], ctx.keep_scale = keep_mask(probs.shape, dropout_p, probs.device)
+                    probs.mul_(keep[rows, hs]).mul_(ctx.keep_scale)
+                out[rows, hs] = torch.matmul(probs, value[rows, hs])
+                del probs
         ctx.save_for_backward(q_u, u, v, key, value, r, mask, keep, out)
         ctx.shift, ctx.scale = shift, scale
         return out
@@ -311,27 +355,41 @@ class FusedRelativeAttention(torch.autograd.Function):
         with torch.autocast(grad_out.device.type, enabled=False):
             grad_out = grad_out.to(value.dtype).contiguous()
             q_v = q_u + (v - u)[:, None]
-            probs = _relative_probs(q_u, q_v, key, r, mask, ctx.shift, ctx.scale)
-            grad_value = _grad_value(grad_out, probs, keep, ctx.keep_scale)
             acc = torch.promote_types(out.dtype, torch.float32)  # bf16 / fp16 accumulate in float32
-            rowsum = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True)  # rowsum(dP * P), [B, H, T, 1]
-            qlen, klen, rlen = q_u.size(2), key.size(2), r.size(1)
-            padded, grad_scores = _unshift_buffer(q_u, qlen, rlen, klen, ctx.shift)
-            torch.matmul(grad_out, value.transpose(-1, -2), out=grad_scores)  # dP, [B, H, T, K]
-            if keep is not None:
-                grad_scores.mul_(keep).mul_(ctx.keep_scale)
-            grad_scores.sub_(rowsum.to(grad_scores.dtype)).mul_(probs).mul_(ctx.scale)
-            del probs
-            grad_scores.masked_fill_(mask, 0.0)
-            grad_q = torch.matmul(grad_scores, key)  # d(q + u), then d(q + v) added per batch row below
-            grad_key = torch.matmul(grad_scores.transpose(-1, -2), q_u)
-            del grad_scores
-            grad_u = grad_q.sum((0, 2))
-            grad_bd = padded[..., :rlen]  # [B, H, T, R]
-            grad_q_v = torch.matmul(grad_bd, r)
-            grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v).sum(0)  # [H, R, D]
-            grad_v = grad_q_v.sum((0, 2))
-            grad_q += grad_q_v
+            rowsum = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True).to(q_u.dtype)  # rowsum(dP * P)
+            (batch, heads, qlen, _), klen, rlen = q_u.shape, key.size(2), r.size(1)
+            grad_value = torch.empty_like(value)
+            grad_q = grad_key = None  # allocated once the first block's probabilities are freed
+            grad_r, grad_u, grad_v = torch.zeros_like(r), torch.zeros_like(u), torch.zeros_like(v)
+            for rows, hs in score_blocks(batch, heads, qlen, klen, q_u.element_size()):
+                block_q_u, block_q_v, block_key, block_r = q_u[rows, hs], q_v[rows, hs], key[rows, hs], r[hs]
+                block_grad_out = grad_out[rows, hs]
+                block_mask = _mask_block(mask, rows, hs)
+                block_keep = None if keep is None else keep[rows, hs]
+                probs = _relative_probs(block_q_u, block_q_v, block_key, block_r, block_mask, ctx.shift, ctx.scale)
+                dropped = probs if block_keep is None else probs * block_keep * ctx.keep_scale
+                torch.matmul(dropped.transpose(-1, -2), block_grad_out, out=grad_value[rows, hs])  # dV = P'^T dO
+                del dropped
+                padded, grad_scores = _unshift_buffer(block_q_u, qlen, rlen, klen, ctx.shift)
+                torch.matmul(block_grad_out, value[rows, hs].transpose(-1, -2), out=grad_scores)  # dP
+                if block_keep is not None:
+                    grad_scores.mul_(block_keep).mul_(ctx.keep_scale)
+                grad_scores.sub_(rowsum[rows, hs]).mul_(probs).mul_(ctx.scale)  # dS
+                del probs
+                if block_mask is not None:
+                    grad_scores.masked_fill_(block_mask, 0.0)
+                if grad_q is None:
+                    grad_q, grad_key = torch.empty_like(q_u), torch.empty_like(key)
+                block_grad_q = grad_q[rows, hs]
+                torch.matmul(grad_scores, block_key, out=block_grad_q)  # d(q + u); d(q + v) is added below
+                torch.matmul(grad_scores.transpose(-1, -2), block_q_u, out=grad_key[rows, hs])
+                del grad_scores
+                grad_u[hs] += block_grad_q.sum((0, 2))
+                grad_bd = padded[..., :rlen]  # [b, h, T, R]
+                grad_q_v = torch.matmul(grad_bd, block_r)
+                grad_v[hs] += grad_q_v.sum((0, 2))
+                block_grad_q += grad_q_v
+                grad_r[hs] += torch.matmul(grad_bd.transpose(-1, -2), block_q_v).sum(0)  # [h, R, D]
         grads = _input_dtypes(ctx, (grad_q, grad_u, grad_v, grad_key, grad_value, grad_r))
         return (*grads, None, None, None)
 

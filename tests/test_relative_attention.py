@@ -212,7 +212,8 @@ def test_training_attention_saves_no_score_sized_tensor():
                 and t.shape[1] == heads]
     vectors = [t for t in saved if t.dim() == 4 and t.shape == (2, heads, 5, cfg.d_head)]  # q + u and outputs
     storages = {t.untyped_storage().data_ptr() for t in vectors}
-    merged = [t for t in saved if t.dim() and t.shape[-1] == heads * cfg.d_head and t.numel() == 2 * 5 * heads * cfg.d_head
+    width = heads * cfg.d_head
+    merged = [t for t in saved if t.dim() and t.shape[-1] == width and t.numel() == 2 * 5 * width
               and t.untyped_storage().data_ptr() in storages]
     assert len(merged) == cfg.n_layer, "each layer's output projection saves the attention node's own output"
 
@@ -235,3 +236,52 @@ def test_shifted_position_scores_matches_rel_shift_with_gradients(tables, rlen, 
     want = rel_shift(torch.matmul(q_v, r_rows[:, None].transpose(-1, -2)).flatten(0, 1), K, shift)
     torch.testing.assert_close(ShiftedPositionScores.apply(q, v, r, K, shift), want)
     assert torch.autograd.gradcheck(lambda *a: ShiftedPositionScores.apply(*a, K, shift), (q, v, r))
+
+
+def test_score_blocks_cover_every_pair_once_in_contiguous_blocks():
+    from modeling_xl.relative_attention import SCORE_BLOCK_BYTES, score_blocks
+
+    per_pair = SCORE_BLOCK_BYTES // 4  # bytes of one (row, head) pair's scores: 4 pairs fit a block
+    for batch, heads in [(3, 2), (2, 8), (1, 3), (5, 1)]:
+        blocks = score_blocks(batch, heads, 1, per_pair, 1)
+        seen = torch.zeros(batch, heads, dtype=torch.long)
+        x = torch.zeros(batch, heads, 7)
+        for rows, hs in blocks:
+            seen[rows, hs] += 1
+            assert x[rows, hs].is_contiguous()
+            assert seen[rows, hs].numel() <= 4
+        assert (seen == 1).all()
+    assert score_blocks(2, 8, 1, 1, 1) == [(slice(None), slice(None))]
+
+
+@pytest.mark.parametrize("block_pairs", [2, 3, 4])
+def test_fused_relative_attention_in_blocks_matches_unfused(monkeypatch, block_pairs):
+    """Forced into blocks of whole batch rows (4 pairs per block, 4 heads) or of head ranges within a row (2 or 3
+    pairs): output and gradients equal the unfused ops, with dropout (each block's keep-mask taken from one full mask
+    in block order) and a per-row padding mask."""
+    from modeling_xl import relative_attention
+    from modeling_xl.relative_attention import FusedRelativeAttention, score_blocks
+
+    B, H, T, M, D, p = 3, 4, 4, 3, 8, 0.3
+    K = T + M
+    monkeypatch.setattr(relative_attention, "SCORE_BLOCK_BYTES", block_pairs * T * K * 8)
+    blocks = score_blocks(B, H, T, K, 8)
+    assert len(blocks) > 1
+    mask = causal_mask(T, M)[None, None].expand(B, 1, T, K).clone()
+    mask[1, ..., :2] = True  # padding keys of row 1
+    torch.manual_seed(3)
+    full_keep = torch.rand(B, H, T, K) > p
+    order = iter(blocks)
+    monkeypatch.setattr(relative_attention, "keep_mask",
+                        lambda shape, rate, device=None: (full_keep[next(order)], 1 / (1 - p)))
+    args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True)]
+    args += [torch.randn(H, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
+    args += [torch.randn(B, H, K, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
+    args += [torch.randn(H, K, D, dtype=torch.double, requires_grad=True)]
+    out = FusedRelativeAttention.apply(*args, mask, T - 1, p)
+    want = _reference_attention(*args, mask, full_keep, 1 / (1 - p))
+    torch.testing.assert_close(out, want)
+    grad = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, args, grad), torch.autograd.grad(want, args, grad)):
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(lambda *a: FusedRelativeAttention.apply(*a, mask, T - 1, 0.0), args)
