@@ -67,14 +67,12 @@ def update_memory(mems, hiddens, mem_len: int):
         mems = [None] * len(hiddens)
 
     def new_memory(m: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
-        whole = h.untyped_storage().nbytes() == h.numel() * h.element_size()
-        if whole and (h.size(1) == mem_len or (m is None and h.size(1) < mem_len)):
-            return h.detach()
-        if m is None and h.size(1) <= mem_len:
-            return h.detach().clone()
-        if h.size(1) > mem_len:
-            return h[:, -mem_len:].detach().clone()
-        return torch.cat([m[:, -(mem_len - h.size(1)):], h], dim=1).detach()
+        from_mem = mem_len - h.size(1)  # how many of the old memory's last states stay
+        if m is None or from_mem <= 0:
+            tail = h[:, -mem_len:] if h.size(1) > mem_len else h
+            owns_storage = tail is h and h.untyped_storage().nbytes() == h.numel() * h.element_size()
+            return tail.detach() if owns_storage else tail.detach().clone()
+        return torch.cat([m[:, -from_mem:], h], dim=1).detach()
 
     with torch.no_grad():
         return tuple(new_memory(m, h) for m, h in zip(mems, hiddens))

@@ -260,3 +260,21 @@ def test_training_step_gradients_equal_with_and_without_the_deferred_table_gradi
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+
+
+@pytest.mark.parametrize("mem_len,seg,old", [(4, 4, 4), (4, 4, None), (6, 4, 6), (6, 4, 2), (6, 4, None),
+                                             (3, 4, 3), (3, 4, None), (4, 8, 4)])
+@pytest.mark.parametrize("view", [False, True])
+def test_update_memory_equals_its_definition(mem_len, seg, old, view):
+    """update_memory against `cat([mem, hidden])[:, -mem_len:]`, for hidden states that own their storage or are views
+    of a longer tensor (the permutation LM's reuse part), memory shorter than, equal to or longer than the segment:
+    same values, never longer than mem_len, never holding more storage than its own size."""
+    from modeling_xl.modeling_transformer_xl import update_memory
+
+    full = torch.randn(2, seg + 3, 5)
+    h = full[:, :seg] if view else full[:, :seg].clone()
+    m = None if old is None else torch.randn(2, old, 5)
+    (new,) = update_memory(None if m is None else [m], [h], mem_len)
+    want = (h if m is None else torch.cat([m, h], 1))[:, -mem_len:]
+    torch.testing.assert_close(new, want)
+    assert new.untyped_storage().nbytes() == new.numel() * new.element_size()
