@@ -1,8 +1,10 @@
-"""Peak training memory of our causal LM with and without `model.gradient_checkpointing_enable()`.
+"""Peak training memory of our causal LM with and without activation checkpointing (`enable_checkpointing`).
 
-Long segments (tgt_len = mem_len = 512) and 8 layers of 8 narrow heads make the attention activations
-([B, H, T, M+T] per layer) dominate the memory, which is the regime where checkpointing matters. Each measurement is a fresh process (see common.py for how
-the peak is measured); the two variants alternate `--repeats` times and the medians are compared.
+Long segments (tgt_len = mem_len = 512) and 8 layers of 8 narrow heads: the regime where checkpointing matters,
+with large attention score tensors ([B, H, T, M+T] per layer; the fused attention keeps none of them for backward
+and builds them in blocks of at most 4 MiB, `relative_attention.SCORE_BLOCK_BYTES`). Each measurement is a fresh
+process (see common.py for how the peak is measured); the two variants alternate `--repeats` times and the medians
+are compared.
 
     python benchmarks/bench_activation_checkpointing.py
 """

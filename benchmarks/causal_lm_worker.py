@@ -34,7 +34,9 @@ def load_model(args):
         for layer in model.transformer.layers:
             layer.attn.use_sdpa = False
     if args.get("checkpointing"):
-        model.gradient_checkpointing_enable()
+        from modeling_xl.training.models import enable_checkpointing
+
+        enable_checkpointing(model)
     if args.get("compile"):
         for layer in model.transformer.layers:
             layer.compile(dynamic=False)

@@ -79,7 +79,9 @@ def test_gradient_reaches_every_parameter_and_checkpointing_matches():
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     assert all(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "cluster" not in n)
     model.zero_grad()
-    model.gradient_checkpointing_enable()
+    from modeling_xl.training.models import enable_checkpointing
+
+    enable_checkpointing(model)
     model(x, labels=x).loss.backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], atol=1e-6, rtol=1e-5)

@@ -217,7 +217,9 @@ def test_gradient_reaches_every_parameter_and_checkpointing_matches():
     assert all(g is not None and g.abs().sum() > 0 for g in grads.values()), [n for n, g in grads.items()
                                                                                 if g is None or not g.abs().sum()]
     model.zero_grad()
-    model.gradient_checkpointing_enable()
+    from modeling_xl.training.models import enable_checkpointing
+
+    enable_checkpointing(model)
     model(x, perm_mask, target_mapping, mems=mems, **kwargs).loss.backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], atol=1e-6, rtol=1e-5)

@@ -63,8 +63,15 @@ def build_model(args, config: TransformerXLConfig, model_class=None):
     else:
         model = model_class(config)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_checkpointing(model)
     return model
+
+
+def enable_checkpointing(model) -> None:
+    """Activation checkpointing of every layer: `activation_checkpointing_enable` where transformers has it (its
+    older name `gradient_checkpointing_enable` warns that it goes away in transformers 6)."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
 
 
 def fused_supported(params) -> bool:
