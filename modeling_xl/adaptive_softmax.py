@@ -63,21 +63,36 @@ class TableGradient:
     activation of the step is still alive, the peak of a training step. Instead `SharedTableLogits` leaves here what
     the gradient is made of (the logits' gradients and the hidden states they multiply, both already alive), and
     `TiedEmbeddingLookup`'s backward, when activations are gone, builds the gradient of both uses of the table in one
-    buffer. Created per forward by `TransformerXLForCausalLM` and handed to both nodes; a term that arrives after the
-    lookup's backward (or with no lookup) is computed where it arises, so no gradient is lost.
+    buffer. Created per forward by the causal and permutation LMs and handed to both nodes.
+    Terms are kept per backward pass (autograd's graph-task id): the lookup takes those of its own pass and drops any
+    left by an earlier pass that never reached it (`torch.autograd.grad` of other inputs with `retain_graph=True`),
+    and a term arriving in a pass whose lookup has already run is computed where it arises. The lookup must be in the
+    graph: `table_gradient_for` hands one out only when the table is looked up from input ids in the same forward.
     """
 
     def __init__(self):
-        self.terms: list[tuple[list[int], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
-        self.closed = False
+        self.terms: list[tuple[int, list[int], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
+        self.looked_up: set[int] = set()  # backward passes in which the lookup has run
 
-    def add_into(self, grad_weight: torch.Tensor, first: bool) -> bool:
-        """Write (`first`) or add every pending term into `grad_weight`; returns whether anything was written."""
-        for sizes, grads, hiddens in self.terms:
-            _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate=not first)
-            first = False
-        self.terms = []
-        return not first
+    def defer(self, sizes, grads, hiddens) -> bool:
+        """Keep one softmax term for the lookup of this backward pass; False if that lookup has already run."""
+        task = torch._C._current_graph_task_id()
+        if task in self.looked_up:
+            return False
+        self.terms.append((task, sizes, grads, hiddens))
+        return True
+
+    def take_into(self, grad_weight: torch.Tensor | None) -> bool:
+        """Called by the lookup: write the terms of this backward pass into `grad_weight` (None: drop them), forget
+        the rest; returns whether anything was written."""
+        task = torch._C._current_graph_task_id()
+        self.looked_up.add(task)
+        terms, self.terms = [t for t in self.terms if t[0] == task], []
+        if grad_weight is None:
+            return False
+        for i, (_, sizes, grads, hiddens) in enumerate(terms):
+            _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate=i > 0)
+        return bool(terms)
 
 
 def _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate: bool) -> None:
@@ -105,29 +120,41 @@ class TiedEmbeddingLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         (ids,) = ctx.saved_tensors
-        deferred = ctx.deferred
-        deferred.closed = True
         if not ctx.needs_input_grad[0]:
-            deferred.terms = []
+            ctx.deferred.take_into(None)
             return None, None, None
         grad_weight = grad_out.new_empty(ctx.table_shape)
-        if not deferred.add_into(grad_weight, first=True):
+        if not ctx.deferred.take_into(grad_weight):
             grad_weight.zero_()
         grad_weight.index_add_(0, ids.reshape(-1), grad_out.reshape(-1, grad_out.size(-1)))
         return grad_weight, None, None
 
 
-def table_gradient_for(embedding: nn.Embedding, output_weight: torch.Tensor, input_ids, inputs_embeds,
+def table_gradient_for(embedding: nn.Module, output_layer: nn.Module, input_ids, inputs_embeds,
                        ) -> TableGradient | None:
-    """A `TableGradient` for one forward when the output layer's weight is `embedding`'s own table and that table is
-    looked up from `input_ids` with gradients on (outside `torch.compile`, where the plain ops are traced instead);
-    else None, and both uses of the table take their ordinary autograd paths."""
-    plain = (embedding.padding_idx is None and embedding.max_norm is None and not embedding.sparse
+    """A `TableGradient` for one forward when the output layer's weight is `embedding`'s own table, that table is
+    looked up from `input_ids` with gradients on, and both are plain `nn.Embedding` / `nn.Linear` modules that nothing
+    hooks into (the deferred path computes their products itself, so a hook, an adapter or a subclass would be
+    skipped); outside `torch.compile`, where the plain ops are traced instead. Else None, and both modules run as
+    they are."""
+    plain = (_unhooked(embedding, nn.Embedding) and _unhooked(output_layer, nn.Linear)
+             and embedding.padding_idx is None and embedding.max_norm is None and not embedding.sparse
              and not embedding.scale_grad_by_freq)
-    if (not plain or output_weight is not embedding.weight or not output_weight.requires_grad or input_ids is None
-            or inputs_embeds is not None or not torch.is_grad_enabled() or torch.compiler.is_compiling()):
+    if (not plain or output_layer.weight is not embedding.weight or not embedding.weight.requires_grad
+            or input_ids is None or inputs_embeds is not None or not torch.is_grad_enabled()
+            or torch.compiler.is_compiling()):
         return None
     return TableGradient()
+
+
+def _unhooked(module: nn.Module, cls: type) -> bool:
+    """`module` is exactly a `cls`, with no hooks of its own and no global module hooks."""
+    from torch.nn.modules import module as module_hooks
+
+    own = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks)
+    everyone = (module_hooks._global_forward_hooks, module_hooks._global_forward_pre_hooks,
+                module_hooks._global_backward_hooks, module_hooks._global_backward_pre_hooks)
+    return type(module) is cls and not any(own) and not any(everyone)
 
 
 def tied_embedding(weight: torch.Tensor, input_ids: torch.Tensor, table_gradient: TableGradient | None):
@@ -182,9 +209,7 @@ class SharedTableLogits(torch.autograd.Function):
         sizes, deferred = ctx.sizes, ctx.deferred
         grad_weight = grad_bias = grad_cluster_weight = grad_cluster_bias = None
         if ctx.needs_input_grad[0]:
-            if deferred is not None and not deferred.closed:
-                deferred.terms.append((sizes, grads, tuple(hiddens)))
-            else:
+            if deferred is None or not deferred.defer(sizes, grads, tuple(hiddens)):
                 grad_weight = torch.empty_like(weight)
                 _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate=False)
         if ctx.needs_input_grad[1]:

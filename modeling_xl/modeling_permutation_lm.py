@@ -284,12 +284,15 @@ class TransformerXLForPermutationLM(PermutationLMPreTrainedModel):
         predictions); both [B, T] without target_mapping."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         # the tied table's gradient is built once, at the end of backward (adaptive_softmax.TableGradient)
-        table_gradient = table_gradient_for(self.transformer.word_emb, self.lm_head.weight, input_ids, inputs_embeds)
+        table_gradient = table_gradient_for(self.transformer.word_emb, self.lm_head, input_ids, inputs_embeds)
         outputs = self.transformer(input_ids, perm_mask, target_mapping, token_type_ids, attention_mask, mems,
                                    inputs_embeds, reuse_len, output_attentions, output_hidden_states,
                                    return_dict=True, table_gradient=table_gradient)
-        logits = tied_output_logits(outputs.last_hidden_state, self.lm_head.weight, self.lm_head.bias,
-                                    table_gradient)  # [B, P, V]
+        if table_gradient is None:
+            logits = self.lm_head(outputs.last_hidden_state)  # [B, P, V]
+        else:
+            logits = tied_output_logits(outputs.last_hidden_state, self.lm_head.weight, self.lm_head.bias,
+                                        table_gradient)
         loss = losses = None
         if labels is not None:
             expected = tuple(logits.shape[:2])

@@ -57,10 +57,10 @@ class TransformerXLCausalLMOutput(ModelOutput):
 def update_memory(mems, hiddens, mem_len: int):
     """New memory per layer: the last `mem_len` states of `[mem; hidden]`, detached (no gradient crosses segments).
 
-    Each is a tensor of its own size, or the hidden state itself (detached, same storage) when that is exactly the
-    memory and owns its whole storage: in training the layers keep that storage for backward anyway, so the memory
-    costs nothing extra there. A slice of a concatenation would hold all of `[mem; hidden]`, a view of a longer
-    tensor all of it."""
+    Each is a tensor of its own, of exactly its size: a slice of a concatenation would keep all of `[mem; hidden]`
+    alive. Never the hidden state itself: that may be the caller's `inputs_embeds` (refilled in place for the next
+    segment, say), and in training it is saved for backward, so an in-place edit of the memory (resetting a row)
+    would break or corrupt the gradient."""
     if mem_len == 0:
         return None
     if mems is None:
@@ -69,10 +69,8 @@ def update_memory(mems, hiddens, mem_len: int):
     def new_memory(m: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
         from_mem = mem_len - h.size(1)  # how many of the old memory's last states stay
         if m is None or from_mem <= 0:
-            tail = h[:, -mem_len:] if h.size(1) > mem_len else h
-            owns_storage = tail is h and h.untyped_storage().nbytes() == h.numel() * h.element_size()
-            return tail.detach() if owns_storage else tail.detach().clone()
-        return torch.cat([m[:, -from_mem:], h], dim=1).detach()
+            return h[:, -mem_len:].clone()
+        return torch.cat([m[:, -from_mem:], h], dim=1)
 
     with torch.no_grad():
         return tuple(new_memory(m, h) for m, h in zip(mems, hiddens))
@@ -426,8 +424,8 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         alive (the peak of a training step)."""
         if self.config.div_val != 1 or (labels is None and next_token_labels is None):
             return None
-        return table_gradient_for(self.transformer.word_emb.emb_layers[0], self.lm_head.out_layers[0].weight,
-                                  input_ids, inputs_embeds)
+        return table_gradient_for(self.transformer.word_emb.emb_layers[0], self.lm_head.out_layers[0], input_ids,
+                                  inputs_embeds)
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
         """`generate` keeps our memory under `past_key_values`; with memory, only the newest token is fed."""

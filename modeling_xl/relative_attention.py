@@ -220,14 +220,14 @@ class ShiftedPositionScores(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, v, r, klen: int, shift: int):
         q_v = torch.add(q, v[:, None], out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
-        ctx.save_for_backward(q_v, r)
+        ctx.save_for_backward(q_v, r, v)
         ctx.klen, ctx.shift = klen, shift
         by_table, r_tables = _by_table(q_v, r)
         return _shifted_position_scores(by_table, r_tables, klen, shift).flatten(0, 1)
 
     @staticmethod
     def backward(ctx, grad):
-        q_v, r = ctx.saved_tensors
+        q_v, r, v = ctx.saved_tensors
         by_table, r_tables = _by_table(q_v, r)
         rlen = r.size(-2)
         padded, window = _unshift_buffer(by_table, by_table.size(-2), rlen, ctx.klen, ctx.shift)
@@ -236,7 +236,7 @@ class ShiftedPositionScores(torch.autograd.Function):
         grad_q = grad_v = grad_r = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             grad_q = torch.matmul(grad_bd, r_tables).flatten(0, 1)
-            grad_v = grad_q.sum((0, 2))
+            grad_v = grad_q.sum((0, 2), dtype=torch.promote_types(grad_q.dtype, torch.float32)).to(v.dtype)
         if ctx.needs_input_grad[2]:
             grad_r = torch.matmul(grad_bd.transpose(-1, -2), by_table).sum(1).view_as(r)
         return grad_q, grad_v, grad_r, None, None

@@ -217,9 +217,10 @@ def test_presets_build_and_unknown_preset_errors():
         TransformerXLConfig.from_preset("nope")
 
 
-def test_new_memory_is_exact_size_or_the_hidden_state_itself():
-    """The memory never holds more storage than its own size: with mem_len == segment length it is the layer input
-    (detached, shared storage), otherwise a tensor of its own (not a slice of a longer concatenation)."""
+def test_new_memory_is_exact_size_and_never_aliases_a_hidden_state():
+    """The memory never holds more storage than its own size (not a slice of a longer concatenation) and never shares
+    storage with a hidden state or the caller's `inputs_embeds`: refilling that buffer in place for the next segment,
+    or resetting a memory row in place before backward, must be safe."""
     for mem_len, seg in [(4, 4), (6, 4), (3, 4)]:
         model = model_for(mem_len=mem_len)
         x = torch.randint(0, 97, (2, seg))
@@ -228,7 +229,25 @@ def test_new_memory_is_exact_size_or_the_hidden_state_itself():
         for m, h in zip(second.mems, second.hidden_states):
             assert m.shape == (2, mem_len, 16)
             assert m.untyped_storage().nbytes() == m.numel() * m.element_size()
-            assert (m.untyped_storage().data_ptr() == h.untyped_storage().data_ptr()) == (mem_len == seg)
+            assert m.untyped_storage().data_ptr() != h.untyped_storage().data_ptr()
+    model = model_for(mem_len=4, dropout=0.0)
+    segments = [torch.randint(0, 97, (2, 4)) for _ in range(3)]
+    buffer, mems, reused = torch.empty(2, 4, 16), None, []
+    for ids in segments:
+        buffer.copy_(model.transformer.word_emb(ids))
+        out = model.transformer(inputs_embeds=buffer, mems=mems)
+        mems = out.mems
+        reused.append(out.last_hidden_state.clone())
+    mems = None
+    for ids, want in zip(segments, reused):
+        out = model.transformer(inputs_embeds=model.transformer.word_emb(ids), mems=mems)
+        mems = out.mems
+        torch.testing.assert_close(out.last_hidden_state, want)
+    model.train()
+    out = model(segments[0], mems=mems, labels=segments[0])
+    for m in out.mems:
+        m[0].zero_()  # a finished document's memory row, reset before backward
+    out.loss.backward()
 
 
 def _graph_nodes(tensor) -> set[str]:

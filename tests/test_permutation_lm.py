@@ -432,3 +432,21 @@ def test_last_layer_content_stream_skipped_only_when_unused():
     last_h, last_g = full.hidden_states[-1]
     assert last_h.shape == (2, 8, 16) and last_g.shape == (2, 3, 16)
     assert all(p is not None for p in full.attentions[-1])
+
+
+def test_hooked_embedding_and_output_layer_run_as_modules():
+    """The deferred table gradient computes the lookup and the output product itself; with a hook on either module
+    (an adapter, NEFTune's embedding noise) the modules run as they are, in training and in evaluation."""
+    model = plm_model(dropout=0.1).train()
+    x = torch.randint(0, V, (2, 8))
+    perm_mask, target_mapping = order_masks(torch.stack([torch.randperm(8) for _ in range(2)]), 3)
+    labels = torch.randint(0, V, (2, 3))
+    calls = []
+    model.lm_head.register_forward_hook(lambda *_: calls.append("lm_head"))
+    model.transformer.word_emb.register_forward_hook(lambda *_: calls.append("word_emb"))
+    model(x, perm_mask, target_mapping, labels=labels).loss.backward()
+    assert sorted(calls) == ["lm_head", "word_emb"] and model.transformer.word_emb.weight.grad.abs().sum() > 0
+    calls.clear()
+    with torch.no_grad():
+        model.eval()(x, perm_mask, target_mapping)
+    assert sorted(calls) == ["lm_head", "word_emb"]
