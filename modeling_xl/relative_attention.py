@@ -307,7 +307,7 @@ class FusedRelativeAttention(torch.autograd.Function):
     Same result as `position_scores` + `attend`. Saved for backward: q + u, the keys, values, position vectors, the
     dropout keep-mask and the output, not the probabilities [B, H, T, K]: backward recomputes them (two of the eleven
     attention products of a training step, and a softmax). They were the largest activation of a layer (8 MB per
-    layer at the `wide` benchmark preset, where leaving them out took the training tensor peak from 0.83x to 0.67x
+    layer at the `wide` benchmark preset, where leaving them out took the training tensor peak from 0.83x to 0.68x
     the legacy implementation's, with the changes around it; benchmarks/README.md). Autograd through the separate ops
     would keep several [B, H, T, K] tensors alive, and on CPU SDPA falls back to its unfused math path in training.
     Forward and backward work on blocks of (batch row, head) pairs (`score_blocks`), so the score-sized scratch space
