@@ -157,21 +157,21 @@ def _unhooked(module: nn.Module, cls: type) -> bool:
     return type(module) is cls and not any(own) and not any(everyone)
 
 
-def tied_embedding(weight: torch.Tensor, input_ids: torch.Tensor, table_gradient: TableGradient | None):
-    """`F.embedding(input_ids, weight)`, through `TiedEmbeddingLookup` when a `TableGradient` is given."""
-    if table_gradient is not None and torch.is_grad_enabled() and weight.requires_grad:
-        return TiedEmbeddingLookup.apply(weight, input_ids, table_gradient)
-    return F.embedding(input_ids, weight)
+def tied_embedding(embedding: nn.Module, input_ids: torch.Tensor, table_gradient: TableGradient | None):
+    """`embedding(input_ids)`; with a `TableGradient` (see `table_gradient_for`) through `TiedEmbeddingLookup`."""
+    if table_gradient is None:
+        return embedding(input_ids)
+    return TiedEmbeddingLookup.apply(embedding.weight, input_ids, table_gradient)
 
 
-def tied_output_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       table_gradient: TableGradient | None) -> torch.Tensor:
-    """`F.linear(hidden, weight, bias)` for an output layer tied to the input table; with a `TableGradient` the
-    weight's gradient is left to the embedding lookup (`SharedTableLogits` with one cluster). Under autocast, or
-    with dtypes that differ, the plain op."""
+def tied_output_logits(output_layer: nn.Module, hidden: torch.Tensor, table_gradient: TableGradient | None):
+    """`output_layer(hidden)` for an output layer tied to the input table; with a `TableGradient` its weight's
+    gradient is left to the embedding lookup (`SharedTableLogits` with one cluster), except under autocast or with
+    dtypes that differ, where the layer runs as it is."""
+    weight, bias = output_layer.weight, output_layer.bias
     if (table_gradient is None or bias is None or hidden.dtype != weight.dtype
             or torch.is_autocast_enabled(hidden.device.type)):
-        return F.linear(hidden, weight, bias)
+        return output_layer(hidden)
     (logits,) = SharedTableLogits.apply(weight, bias, None, None, [weight.size(0)], table_gradient,
                                         hidden.reshape(-1, hidden.size(-1)))
     return logits.view(*hidden.shape[:-1], weight.size(0))
@@ -262,10 +262,7 @@ class AdaptiveEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor, table_gradient: TableGradient | None = None) -> torch.Tensor:
         """`table_gradient`: see `TableGradient` (div_val == 1 only; the softmax shares this table)."""
         if self.div_val == 1:
-            if table_gradient is not None:
-                emb = tied_embedding(self.emb_layers[0].weight, input_ids, table_gradient)
-            else:
-                emb = self.emb_layers[0](input_ids)
+            emb = tied_embedding(self.emb_layers[0], input_ids, table_gradient)
             if len(self.emb_projs):
                 emb = F.linear(emb, self.emb_projs[0].weight)
             return emb * self.scale

@@ -205,11 +205,7 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
         mems = mems if mems is not None and mems[0].size(1) > 0 else None
         mlen = 0 if mems is None else mems[0].size(1)
 
-        if inputs_embeds is not None:
-            h = inputs_embeds
-        else:
-            h = self.word_emb(input_ids) if table_gradient is None else tied_embedding(self.word_emb.weight,
-                                                                                        input_ids, table_gradient)
+        h = tied_embedding(self.word_emb, input_ids, table_gradient) if inputs_embeds is None else inputs_embeds
         content, query = self.streams(perm_mask, attention_mask, token_type_ids, target_mapping, batch, qlen, mlen,
                                       h.device)
         g = None if target_mapping is None else self.drop(self.mask_emb.expand(batch, target_mapping.size(1), -1))
@@ -288,11 +284,7 @@ class TransformerXLForPermutationLM(PermutationLMPreTrainedModel):
         outputs = self.transformer(input_ids, perm_mask, target_mapping, token_type_ids, attention_mask, mems,
                                    inputs_embeds, reuse_len, output_attentions, output_hidden_states,
                                    return_dict=True, table_gradient=table_gradient)
-        if table_gradient is None:
-            logits = self.lm_head(outputs.last_hidden_state)  # [B, P, V]
-        else:
-            logits = tied_output_logits(outputs.last_hidden_state, self.lm_head.weight, self.lm_head.bias,
-                                        table_gradient)
+        logits = tied_output_logits(self.lm_head, outputs.last_hidden_state, table_gradient)  # [B, P, V]
         loss = losses = None
         if labels is not None:
             expected = tuple(logits.shape[:2])

@@ -321,7 +321,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
 
         if inputs_embeds is not None:
             h = inputs_embeds
-        else:
+        else:  # table_gradient only for our AdaptiveEmbedding (a module set with set_input_embeddings takes ids only)
             h = self.word_emb(input_ids) if table_gradient is None else self.word_emb(input_ids, table_gradient)
         mlen = 0 if mems is None else mems[0].size(1)
         mask = causal_mask(qlen, mlen, cfg.same_length, cfg.mem_len, device=h.device)
@@ -422,10 +422,11 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         """A `TableGradient` when the loss's softmax shares one table with the input lookup of this forward: the
         table's gradient is then built at the end of backward instead of at its start, when every activation is
         alive (the peak of a training step)."""
-        if self.config.div_val != 1 or (labels is None and next_token_labels is None):
+        word_emb = self.transformer.word_emb
+        if (self.config.div_val != 1 or (labels is None and next_token_labels is None)
+                or not isinstance(word_emb, AdaptiveEmbedding)):
             return None
-        return table_gradient_for(self.transformer.word_emb.emb_layers[0], self.lm_head.out_layers[0], input_ids,
-                                  inputs_embeds)
+        return table_gradient_for(word_emb.emb_layers[0], self.lm_head.out_layers[0], input_ids, inputs_embeds)
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
         """`generate` keeps our memory under `past_key_values`; with memory, only the newest token is fed."""

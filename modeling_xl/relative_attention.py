@@ -63,9 +63,14 @@ def rel_shift(x: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
     """
     *lead, qlen, rlen = x.shape
     _check_shift(qlen, rlen, klen, shift)
-    padded = F.pad(x, (0, 1))  # [..., T, R+1]
-    flat = padded.flatten(-2)[..., shift : shift + qlen * rlen]  # [..., T*R]
-    return flat.view(*lead, qlen, rlen)[..., :klen]
+    return _shift_window(F.pad(x, (0, 1)), shift)[..., :klen]  # pad: [..., T, R+1]
+
+
+def _shift_window(padded: torch.Tensor, shift: int) -> torch.Tensor:
+    """The [..., T, R] that rel_shift reads from a padded [..., T, R + 1]: T*R elements from `shift` on (a view)."""
+    *lead, qlen, width = padded.shape
+    rlen = width - 1
+    return padded.flatten(-2)[..., shift : shift + qlen * rlen].view(*lead, qlen, rlen)
 
 
 def _check_shift(qlen: int, rlen: int, klen: int, shift: int) -> None:
@@ -180,10 +185,10 @@ def _softmax_dropout_value_backward(grad_out, value, mask, probs, keep, keep_sca
     return grad_value, grad_scores
 
 
-def _grad_value(grad_out, probs, keep, keep_scale: float) -> torch.Tensor:
-    """dV = P'^T dO, P' the probabilities after dropout."""
+def _grad_value(grad_out, probs, keep, keep_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """dV = P'^T dO, P' the probabilities after dropout (written into `out` when given)."""
     dropped = probs if keep is None else probs * keep * keep_scale
-    return torch.matmul(dropped.transpose(-1, -2), grad_out)
+    return torch.matmul(dropped.transpose(-1, -2), grad_out, out=out)
 
 
 def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shift: int,
@@ -207,7 +212,7 @@ def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shif
     padded = q_v.new_empty(*lead, qlen, rlen + 1)
     padded[..., rlen].zero_()
     torch.matmul(q_v, r.transpose(-1, -2), out=padded[..., :rlen])
-    return padded.flatten(-2)[..., shift : shift + qlen * rlen].view(*lead, qlen, rlen)[..., :klen]
+    return _shift_window(padded, shift)[..., :klen]
 
 
 class ShiftedPositionScores(torch.autograd.Function):
@@ -265,7 +270,7 @@ def _unshift_buffer(like: torch.Tensor, qlen: int, rlen: int, klen: int, shift: 
     flat = padded.flatten(-2)
     flat[..., :shift].zero_()
     flat[..., shift + qlen * rlen :].zero_()
-    window = flat[..., shift : shift + qlen * rlen].view(*lead, qlen, rlen)
+    window = _shift_window(padded, shift)
     window[..., klen:].zero_()
     return padded, window[..., :klen]
 
@@ -367,9 +372,7 @@ class FusedRelativeAttention(torch.autograd.Function):
                 block_mask = _mask_block(mask, rows, hs)
                 block_keep = None if keep is None else keep[rows, hs]
                 probs = _relative_probs(block_q_u, block_q_v, block_key, block_r, block_mask, ctx.shift, ctx.scale)
-                dropped = probs if block_keep is None else probs * block_keep * ctx.keep_scale
-                torch.matmul(dropped.transpose(-1, -2), block_grad_out, out=grad_value[rows, hs])  # dV = P'^T dO
-                del dropped
+                _grad_value(block_grad_out, probs, block_keep, ctx.keep_scale, out=grad_value[rows, hs])
                 padded, grad_scores = _unshift_buffer(block_q_u, qlen, rlen, klen, ctx.shift)
                 torch.matmul(block_grad_out, value[rows, hs].transpose(-1, -2), out=grad_scores)  # dP
                 if block_keep is not None:

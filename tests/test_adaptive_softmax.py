@@ -167,14 +167,15 @@ def test_deferred_table_gradient_over_several_backward_passes():
     from modeling_xl.adaptive_softmax import TableGradient, tied_embedding, tied_output_logits
 
     torch.manual_seed(0)
-    table = torch.randn(10, 4, dtype=torch.float64, requires_grad=True)
-    bias = torch.zeros(10, dtype=torch.float64, requires_grad=True)
+    embedding, output = torch.nn.Embedding(10, 4).double(), torch.nn.Linear(4, 10).double()
+    output.weight = embedding.weight
+    table = embedding.weight
     inner = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
     ids = torch.tensor([[1, 2, 3], [3, 9, 0]])
 
     def loss(deferred):
-        hidden = torch.tanh(tied_embedding(table, ids, deferred) @ inner)
-        return tied_output_logits(hidden, table, bias, deferred).logsumexp(-1).sum()
+        hidden = torch.tanh(tied_embedding(embedding, ids, deferred) @ inner)
+        return tied_output_logits(output, hidden, deferred).logsumexp(-1).sum()
 
     loss(None).backward()
     want = table.grad.clone()
