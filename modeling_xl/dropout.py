@@ -37,7 +37,18 @@ def keep_mask(shape, p: float, device=None) -> tuple[torch.Tensor, float]:
         return torch.rand(shape, device=device) >= p, 1.0 / (1.0 - p)
     words = torch.empty(-(-numel // _PER_WORD), dtype=torch.int64, device=device).random_()  # 63 uniform bits each
     quarters = words.view(torch.int16)[:numel].bitwise_and_(_LOW_BITS)  # 15 uniform bits per element
-    return (quarters >= threshold).view(shape), 1.0 / (1.0 - threshold / (1 << _BITS))
+    # keep = quarters >= threshold, as integer arithmetic (2-3x faster on CPU than a comparison producing bool):
+    # quarters - threshold lies in [-2**15, 2**15), its sign bit shifted down is -1 (drop) or 0 (keep)
+    keep = quarters.sub_(threshold).bitwise_right_shift_(_BITS).add_(1).to(torch.uint8)
+    return keep.view(torch.bool).view(shape), 1.0 / (1.0 - threshold / (1 << _BITS))
+
+
+def apply_keep(x: torch.Tensor, keep: torch.Tensor, scale: float, inplace: bool = False) -> torch.Tensor:
+    """x * keep * scale for a boolean `keep` (broadcastable to x), new or in place. Multiplies by the mask's bytes:
+    on CPU, arithmetic with a bool tensor is 3-4x slower than with the same bytes as uint8."""
+    keep = keep.view(torch.uint8)
+    out = x.mul_(keep) if inplace else x.mul(keep)
+    return out.mul_(scale) if scale != 1.0 else out
 
 
 class _Dropout(torch.autograd.Function):
@@ -48,12 +59,12 @@ class _Dropout(torch.autograd.Function):
         keep, scale = keep_mask(x.shape, p, x.device)
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x.mul(keep).mul_(scale)
+        return apply_keep(x, keep, scale)
 
     @staticmethod
     def backward(ctx, grad):
         (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None
+        return apply_keep(grad, keep, ctx.scale), None
 
 
 class _ReLUDropout(torch.autograd.Function):
@@ -66,7 +77,7 @@ class _ReLUDropout(torch.autograd.Function):
         scale = 1.0
         if p > 0:
             keep, scale = keep_mask(x.shape, p, x.device)
-            y.mul_(keep).mul_(scale)
+            apply_keep(y, keep, scale, inplace=True)
         ctx.save_for_backward(y)
         ctx.scale = scale
         return y
@@ -85,7 +96,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if not torch.is_grad_enabled() or not x.requires_grad:
         keep, scale = keep_mask(x.shape, p, x.device)
-        return x.mul(keep).mul_(scale)
+        return apply_keep(x, keep, scale)
     return _Dropout.apply(x, p)
 
 
@@ -96,7 +107,7 @@ def relu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tens
         y = torch.relu(x)
         if p > 0:
             keep, scale = keep_mask(x.shape, p, x.device)
-            y = y.mul_(keep).mul_(scale)
+            y = apply_keep(y, keep, scale, inplace=True)
         return y
     return _ReLUDropout.apply(x, p)
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dropout import Dropout, dropout, keep_mask
+from .dropout import Dropout, apply_keep, dropout, keep_mask
 from .inference_cache import ProjectionCache
 
 
@@ -157,7 +157,7 @@ def _dropout_value(probs, value, dropout_p: float):
     if dropout_p == 0:
         return torch.matmul(probs, value), None, 1.0
     keep, keep_scale = keep_mask(probs.shape, dropout_p, probs.device)
-    return torch.matmul(probs * keep * keep_scale, value), keep, keep_scale
+    return torch.matmul(apply_keep(probs, keep, keep_scale), value), keep, keep_scale
 
 
 def _softmax_dropout_value(scores, value, mask, dropout_p: float, scale: float):
@@ -176,7 +176,7 @@ def _softmax_dropout_value_backward(grad_out, value, mask, probs, keep, keep_sca
     grad_value = _grad_value(grad_out, probs, keep, keep_scale)
     grad_probs = torch.matmul(grad_out, value.transpose(-1, -2))  # [B, H, T, K]
     if keep is not None:
-        grad_probs.mul_(keep).mul_(keep_scale)
+        apply_keep(grad_probs, keep, keep_scale, inplace=True)
     grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
     del grad_probs
     grad_scores.mul_(scale)
@@ -187,7 +187,7 @@ def _softmax_dropout_value_backward(grad_out, value, mask, probs, keep, keep_sca
 
 def _grad_value(grad_out, probs, keep, keep_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """dV = P'^T dO, P' the probabilities after dropout (written into `out` when given)."""
-    dropped = probs if keep is None else probs * keep * keep_scale
+    dropped = probs if keep is None else apply_keep(probs, keep, keep_scale)
     return torch.matmul(dropped.transpose(-1, -2), grad_out, out=out)
 
 
@@ -347,7 +347,7 @@ class FusedRelativeAttention(torch.autograd.Function):
                                         _mask_block(mask, rows, hs), shift, scale)
                 if keep is not None:
                     keep[rows, hs], ctx.keep_scale = keep_mask(probs.shape, dropout_p, probs.device)
-                    probs.mul_(keep[rows, hs]).mul_(ctx.keep_scale)
+                    apply_keep(probs, keep[rows, hs], ctx.keep_scale, inplace=True)
                 out[rows, hs] = torch.matmul(probs, value[rows, hs])
                 del probs
         ctx.save_for_backward(q_u, u, v, key, value, r, mask, keep, out)
@@ -376,7 +376,7 @@ class FusedRelativeAttention(torch.autograd.Function):
                 padded, grad_scores = _unshift_buffer(block_q_u, qlen, rlen, klen, ctx.shift)
                 torch.matmul(block_grad_out, value[rows, hs].transpose(-1, -2), out=grad_scores)  # dP
                 if block_keep is not None:
-                    grad_scores.mul_(block_keep).mul_(ctx.keep_scale)
+                    apply_keep(grad_scores, block_keep, ctx.keep_scale, inplace=True)
                 grad_scores.sub_(rowsum[rows, hs]).mul_(probs).mul_(ctx.scale)  # dS
                 del probs
                 if block_mask is not None:
