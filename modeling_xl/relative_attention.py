@@ -13,6 +13,7 @@ row to its own distance: O(T * R) work instead of O(T * K * D) for gathering per
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -143,11 +144,30 @@ def _input_dtypes(ctx, grads) -> list[torch.Tensor]:
     return [g.to(dtype) for g, dtype in zip(grads, ctx.input_dtypes)]
 
 
-def _masked_softmax(scores, mask, scale: float, dtype: torch.dtype) -> torch.Tensor:
+class Hidden(NamedTuple):
+    """A boolean attention mask (True = hidden) as two factors in the scores' dtype, shaped like the mask:
+    `x * visible + fill` is `x.masked_fill(mask, finfo.min)` and `x * visible` is `x.masked_fill(mask, 0)` for finite
+    x. On CPU, `masked_fill_` with a bool mask broadcast over the heads is about 20x slower than these float ops."""
+
+    visible: torch.Tensor
+    fill: torch.Tensor
+
+    @classmethod
+    def of(cls, mask: torch.Tensor | None, dtype: torch.dtype) -> "Hidden | None":
+        if mask is None:
+            return None
+        return cls(mask.logical_not().to(dtype), mask.to(dtype).mul_(torch.finfo(dtype).min))
+
+    def block(self, rows: slice, heads: slice) -> "Hidden":
+        """The factors that apply to one block of (batch row, head) pairs (see `_mask_block`)."""
+        return Hidden(_mask_block(self.visible, rows, heads), _mask_block(self.fill, rows, heads))
+
+
+def _masked_softmax(scores, hidden: Hidden | None, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """softmax(scores * scale, masked) in float32 or wider, cast to `dtype`; `scores` is scaled and masked in place."""
     scores *= scale
-    if mask is not None:
-        scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
+    if hidden is not None:
+        scores.mul_(hidden.visible).add_(hidden.fill)
     low_precision = scores.dtype in (torch.float16, torch.bfloat16)
     return torch.softmax(scores.float() if low_precision else scores, dim=-1).to(dtype)
 
@@ -160,16 +180,17 @@ def _dropout_value(probs, value, dropout_p: float):
     return torch.matmul(apply_keep(probs, keep, keep_scale), value), keep, keep_scale
 
 
-def _softmax_dropout_value(scores, value, mask, dropout_p: float, scale: float):
+def _softmax_dropout_value(scores, value, hidden: Hidden | None, dropout_p: float, scale: float):
     """Forward core of the fused attentions: softmax(scores * scale, masked), dropout, @ value. `scores` [B, H, T, K]
     (the raw sum of score terms) is scaled and masked in place. Returns (out, probs, keep-mask or None, keep scale)."""
-    probs = _masked_softmax(scores, mask, scale, value.dtype)
+    probs = _masked_softmax(scores, hidden, scale, value.dtype)
     del scores
     out, keep, keep_scale = _dropout_value(probs, value, dropout_p)
     return out, probs, keep, keep_scale
 
 
-def _softmax_dropout_value_backward(grad_out, value, mask, probs, keep, keep_scale: float, scale: float):
+def _softmax_dropout_value_backward(grad_out, value, hidden: Hidden | None, probs, keep, keep_scale: float,
+                                    scale: float):
     """(grad of value, grad of the raw score sum): dV = P'^T dO with P' the dropped probabilities, dP = dO V^T
     (masked like P'), dS = P * (dP - rowsum(dP * P)) * scale, zero where masked."""
     grad_out = grad_out.to(value.dtype).contiguous()
@@ -180,8 +201,8 @@ def _softmax_dropout_value_backward(grad_out, value, mask, probs, keep, keep_sca
     grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
     del grad_probs
     grad_scores.mul_(scale)
-    if mask is not None:
-        grad_scores.masked_fill_(mask, 0.0)
+    if hidden is not None:
+        grad_scores.mul_(hidden.visible)
     return grad_value, grad_scores
 
 
@@ -189,6 +210,22 @@ def _grad_value(grad_out, probs, keep, keep_scale: float, out: torch.Tensor | No
     """dV = P'^T dO, P' the probabilities after dropout (written into `out` when given)."""
     dropped = probs if keep is None else apply_keep(probs, keep, keep_scale)
     return torch.matmul(dropped.transpose(-1, -2), grad_out, out=out)
+
+
+def head_major(shape, like: torch.Tensor) -> torch.Tensor:
+    """An empty [B, H, ...] tensor stored as [H, B, ...], for position products (`position_product`)."""
+    return torch.empty((shape[1], shape[0], *shape[2:]), dtype=like.dtype, device=like.device).transpose(0, 1)
+
+
+def position_product(q_v: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """q_v [B, H, T, D] times r [H, R, D] transposed: [B, H, T, R] (a view of an [H, B, T, R] product).
+
+    One product per head over all batch rows: `torch.matmul(q_v, r^T)` broadcasts r by copying it for every batch row
+    ([B, H, D, R]). With q_v stored head-major (`head_major`) nothing is copied; otherwise q_v (never larger: T <= R)
+    is."""
+    batch, heads, qlen, d_head = q_v.shape
+    by_head = q_v.transpose(0, 1).reshape(heads, batch * qlen, d_head)
+    return torch.matmul(by_head, r.transpose(-1, -2)).view(heads, batch, qlen, -1).transpose(0, 1)
 
 
 def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shift: int,
@@ -204,15 +241,26 @@ def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shif
     instead (also without a copy, but a strided product is slower)."""
     *lead, qlen, _ = q_v.shape
     rlen = r.size(-2)
-    _check_shift(qlen, rlen, klen, shift)
-    all_described = shift >= qlen - 1 and klen - 1 + shift < rlen
-    if (hidden_ok or all_described) and (qlen - 1) * (rlen - 1) + klen - 1 + shift < qlen * rlen:
-        x = torch.matmul(q_v, r.transpose(-1, -2))  # [B, H, T, R], contiguous
-        return x.as_strided((*lead, qlen, klen), (*x.stride()[:-2], rlen - 1, 1), x.storage_offset() + shift)
+    if _shift_view_ok(qlen, rlen, klen, shift, hidden_ok):
+        return _shift_view(position_product(q_v, r), klen, shift)
     padded = q_v.new_empty(*lead, qlen, rlen + 1)
     padded[..., rlen].zero_()
     torch.matmul(q_v, r.transpose(-1, -2), out=padded[..., :rlen])
     return _shift_window(padded, shift)[..., :klen]
+
+
+def _shift_view_ok(qlen: int, rlen: int, klen: int, shift: int, hidden_ok: bool) -> bool:
+    """Whether `_shift_view` may stand for rel_shift: every entry it reads lies in its own [T, R] matrix, and either
+    every (query, key) pair has a table row or the caller hides those that do not (`hidden_ok`)."""
+    _check_shift(qlen, rlen, klen, shift)
+    all_described = shift >= qlen - 1 and klen - 1 + shift < rlen
+    return (hidden_ok or all_described) and (qlen - 1) * (rlen - 1) + klen - 1 + shift < qlen * rlen
+
+
+def _shift_view(x: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
+    """rel_shift of x [..., T, R] (each [T, R] matrix contiguous) as a strided view, where every entry it reads lies in
+    its own matrix (`_shifted_position_scores` checks that): row i starts i * (R - 1) + shift elements in."""
+    return x.as_strided((*x.shape[:-1], klen), (*x.stride()[:-2], x.size(-1) - 1, 1), x.storage_offset() + shift)
 
 
 class ShiftedPositionScores(torch.autograd.Function):
@@ -220,52 +268,58 @@ class ShiftedPositionScores(torch.autograd.Function):
     forward), whose backward writes the gradient into the inverse shift's buffer once, where autograd through
     pad / flatten / slice zero-fills and copies [B, H, T, R]-sized tensors four times.
     q [B, H, T, D]; v [H, D] (the position bias); r [H, R, D] or [S, H, R, D] with S position tables (batch rows
-    [i*B/S, (i+1)*B/S) use table i). Returns [B, H, T, klen]."""
+    [i*B/S, (i+1)*B/S) use table i). Returns [B, H, T, klen].
+    q + v and the gradient buffer are stored table- and head-major ([S, H, B/S, T, *]): every product is then one
+    matrix product per (table, head) over all of its batch rows, and r is never copied per batch row."""
 
     @staticmethod
     def forward(ctx, q, v, r, klen: int, shift: int):
-        q_v = torch.add(q, v[:, None], out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
+        (batch, heads, qlen, d_head), rlen = q.shape, r.size(-2)
+        tables = r.size(0) if r.dim() == 4 else 1
+        rows = batch // tables
+        q_v = torch.empty(tables, heads, rows, qlen, d_head, dtype=q.dtype, device=q.device)
+        torch.add(q.unflatten(0, (tables, rows)), v[:, None], out=q_v.transpose(1, 2))
+        r = r.reshape(tables, heads, rlen, d_head)
         ctx.save_for_backward(q_v, r, v)
-        ctx.klen, ctx.shift = klen, shift
-        by_table, r_tables = _by_table(q_v, r)
-        return _shifted_position_scores(by_table, r_tables, klen, shift).flatten(0, 1)
+        ctx.klen, ctx.shift, ctx.r_shape = klen, shift, r.shape if r.dim() == 4 else r.shape[1:]
+        scores = torch.matmul(q_v.flatten(2, 3), r.transpose(-1, -2))  # [S, H, B/S * T, R]
+        scores = scores.view(tables, heads, rows, qlen, rlen).transpose(1, 2)  # [S, B/S, H, T, R]
+        shifted = _shift_view(scores, klen, shift) if _shift_view_ok(qlen, rlen, klen, shift, False) else (
+            rel_shift(scores, klen, shift))
+        return shifted.reshape(batch, heads, qlen, klen)
 
     @staticmethod
     def backward(ctx, grad):
-        q_v, r, v = ctx.saved_tensors
-        by_table, r_tables = _by_table(q_v, r)
+        q_v, r, v = ctx.saved_tensors  # [S, H, B/S, T, D], [S, H, R, D]
+        tables, heads, rows, qlen, _ = q_v.shape
         rlen = r.size(-2)
-        padded, window = _unshift_buffer(by_table, by_table.size(-2), rlen, ctx.klen, ctx.shift)
-        window.copy_(grad.unflatten(0, window.shape[:2]))
-        grad_bd = padded[..., :rlen]  # [S, B/S, H, T, R]
+        padded, window = _unshift_buffer(q_v.shape[:3], qlen, rlen, ctx.klen, ctx.shift, q_v)
+        window.transpose(1, 2).copy_(grad.unflatten(0, (tables, rows)))
+        grad_bd = padded[..., :rlen].flatten(2, 3)  # [S, H, B/S * T, R]
         grad_q = grad_v = grad_r = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            grad_q = torch.matmul(grad_bd, r_tables).flatten(0, 1)
-            grad_v = grad_q.sum((0, 2), dtype=torch.promote_types(grad_q.dtype, torch.float32)).to(v.dtype)
+            by_head = torch.matmul(grad_bd, r)  # [S, H, B/S * T, D]
+            grad_v = by_head.sum((0, 2), dtype=torch.promote_types(by_head.dtype, torch.float32)).to(v.dtype)
+            grad_q = by_head.view(q_v.shape).transpose(1, 2).flatten(0, 1) if tables == 1 else (
+                by_head.view(q_v.shape).transpose(1, 2).reshape(tables * rows, heads, qlen, -1))
         if ctx.needs_input_grad[2]:
-            grad_r = torch.matmul(grad_bd.transpose(-1, -2), by_table).sum(1).view_as(r)
+            grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v.flatten(2, 3)).view(ctx.r_shape)
         return grad_q, grad_v, grad_r, None, None
 
 
-def _by_table(q_v: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q_v [B, H, T, D] -> [S, B/S, H, T, D] and r [S, H, R, D] (or [H, R, D]) -> [S, 1, H, R, D]."""
-    tables = r.size(0) if r.dim() == 4 else 1
-    return q_v.view(tables, q_v.size(0) // tables, *q_v.shape[1:]), r.reshape(tables, 1, *r.shape[-3:])
-
-
-def _relative_probs(q_u, q_v, key, r, mask, shift: int, scale: float) -> torch.Tensor:
+def _relative_probs(q_u, q_v, key, r, hidden: Hidden | None, shift: int, scale: float) -> torch.Tensor:
     """softmax(((q + u) . k + rel_shift((q + v) . r)) * scale, masked), [B, H, T, K] in the keys' dtype. Deterministic
     in its inputs: the backward of `FusedRelativeAttention` recomputes the very same probabilities."""
     scores = torch.matmul(q_u, key.transpose(-1, -2))  # [B, H, T, K]
-    scores += _shifted_position_scores(q_v, r, key.size(2), shift, hidden_ok=mask is not None)
-    return _masked_softmax(scores, mask, scale, key.dtype)
+    scores += _shifted_position_scores(q_v, r, key.size(2), shift, hidden_ok=hidden is not None)
+    return _masked_softmax(scores, hidden, scale, key.dtype)
 
 
-def _unshift_buffer(like: torch.Tensor, qlen: int, rlen: int, klen: int, shift: int):
-    """The buffer of the inverse of `rel_shift`: (padded [*, T, R + 1], window [*, T, klen]), `window` being where
-    rel_shift reads its output from (each visible score has exactly one source there), everything else zero. The
-    scores' gradient written into `window` makes `padded[..., :R]` the gradient of the unshifted scores, no copy."""
-    *lead, _, _ = like.shape
+def _unshift_buffer(lead, qlen: int, rlen: int, klen: int, shift: int, like: torch.Tensor):
+    """The buffer of the inverse of `rel_shift`: (padded [*lead, T, R + 1], window [*lead, T, klen]), `window` being
+    where rel_shift reads its output from (each visible score has exactly one source there), everything else zero.
+    The scores' gradient written into `window` makes `padded[..., :R]` the gradient of the unshifted scores, no
+    copy. Allocated like `like` (dtype, device)."""
     padded = like.new_empty(*lead, qlen, rlen + 1)
     flat = padded.flatten(-2)
     flat[..., :shift].zero_()
@@ -337,14 +391,15 @@ class FusedRelativeAttention(torch.autograd.Function):
             (batch, heads, qlen, d_head), klen = q.shape, key.size(2)
             scale = 1.0 / math.sqrt(d_head)
             q_u = torch.add(q, u[:, None], out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
-            q_v = q_u + (v - u)[:, None]
+            q_v = torch.add(q_u, (v - u)[:, None], out=head_major(q_u.shape, q_u))
             out = q.new_empty(batch, qlen, heads, d_head).transpose(1, 2)  # [B, H, T, D] over [B, T, H, D]
             keep = None if dropout_p == 0 else torch.empty(batch, heads, qlen, klen, dtype=torch.bool,
                                                            device=q.device)
             ctx.keep_scale = 1.0
+            hidden = Hidden.of(mask, key.dtype)
             for rows, hs in score_blocks(batch, heads, qlen, klen, q.element_size()):
                 probs = _relative_probs(q_u[rows, hs], q_v[rows, hs], key[rows, hs], r[hs],
-                                        _mask_block(mask, rows, hs), shift, scale)
+                                        None if hidden is None else hidden.block(rows, hs), shift, scale)
                 if keep is not None:
                     keep[rows, hs], ctx.keep_scale = keep_mask(probs.shape, dropout_p, probs.device)
                     apply_keep(probs, keep[rows, hs], ctx.keep_scale, inplace=True)
@@ -359,28 +414,29 @@ class FusedRelativeAttention(torch.autograd.Function):
         q_u, u, v, key, value, r, mask, keep, out = ctx.saved_tensors
         with torch.autocast(grad_out.device.type, enabled=False):
             grad_out = grad_out.to(value.dtype).contiguous()
-            q_v = q_u + (v - u)[:, None]
+            q_v = torch.add(q_u, (v - u)[:, None], out=head_major(q_u.shape, q_u))
             acc = torch.promote_types(out.dtype, torch.float32)  # bf16 / fp16 accumulate in float32
             rowsum = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True).to(q_u.dtype)  # rowsum(dP * P)
             (batch, heads, qlen, _), klen, rlen = q_u.shape, key.size(2), r.size(1)
             grad_value = torch.empty_like(value)
             grad_q = grad_key = None  # allocated once the first block's probabilities are freed
             grad_r, grad_u, grad_v = torch.zeros_like(r), torch.zeros_like(u), torch.zeros_like(v)
+            hidden = Hidden.of(mask, key.dtype)
             for rows, hs in score_blocks(batch, heads, qlen, klen, q_u.element_size()):
                 block_q_u, block_q_v, block_key, block_r = q_u[rows, hs], q_v[rows, hs], key[rows, hs], r[hs]
                 block_grad_out = grad_out[rows, hs]
-                block_mask = _mask_block(mask, rows, hs)
+                block_hidden = None if hidden is None else hidden.block(rows, hs)
                 block_keep = None if keep is None else keep[rows, hs]
-                probs = _relative_probs(block_q_u, block_q_v, block_key, block_r, block_mask, ctx.shift, ctx.scale)
+                probs = _relative_probs(block_q_u, block_q_v, block_key, block_r, block_hidden, ctx.shift, ctx.scale)
                 _grad_value(block_grad_out, probs, block_keep, ctx.keep_scale, out=grad_value[rows, hs])
-                padded, grad_scores = _unshift_buffer(block_q_u, qlen, rlen, klen, ctx.shift)
+                padded, grad_scores = _unshift_buffer(block_q_u.shape[:2], qlen, rlen, klen, ctx.shift, block_q_u)
                 torch.matmul(block_grad_out, value[rows, hs].transpose(-1, -2), out=grad_scores)  # dP
                 if block_keep is not None:
                     apply_keep(grad_scores, block_keep, ctx.keep_scale, inplace=True)
                 grad_scores.sub_(rowsum[rows, hs]).mul_(probs).mul_(ctx.scale)  # dS
                 del probs
-                if block_mask is not None:
-                    grad_scores.masked_fill_(block_mask, 0.0)
+                if block_hidden is not None:
+                    grad_scores.mul_(block_hidden.visible)
                 if grad_q is None:
                     grad_q, grad_key = torch.empty_like(q_u), torch.empty_like(key)
                 block_grad_q = grad_q[rows, hs]
@@ -413,7 +469,8 @@ class FusedBiasedAttention(torch.autograd.Function):
             scale = 1.0 / math.sqrt(query.size(-1))
             scores = torch.matmul(query, key.transpose(-1, -2))  # [B, H, T, K]
             scores += score_bias
-            out, probs, keep, ctx.keep_scale = _softmax_dropout_value(scores, value, mask, dropout_p, scale)
+            out, probs, keep, ctx.keep_scale = _softmax_dropout_value(scores, value, Hidden.of(mask, key.dtype),
+                                                                      dropout_p, scale)
         ctx.save_for_backward(query, key, value, mask, probs, keep)
         ctx.bias_shape, ctx.scale = score_bias.shape, scale
         return out
@@ -422,7 +479,8 @@ class FusedBiasedAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         query, key, value, mask, probs, keep = ctx.saved_tensors
         with torch.autocast(grad_out.device.type, enabled=False):
-            grad_value, grad_scores = _softmax_dropout_value_backward(grad_out, value, mask, probs, keep,
+            hidden = Hidden.of(mask, value.dtype)
+            grad_value, grad_scores = _softmax_dropout_value_backward(grad_out, value, hidden, probs, keep,
                                                                       ctx.keep_scale, ctx.scale)
             grad_query = torch.matmul(grad_scores, key)
             grad_key = torch.matmul(grad_scores.transpose(-1, -2), query)

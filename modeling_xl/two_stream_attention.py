@@ -23,7 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .relative_attention import RelativeMultiHeadAttention, ShiftedPositionScores, attend
+from .relative_attention import (
+    RelativeMultiHeadAttention,
+    ShiftedPositionScores,
+    attend,
+    position_product,
+)
 
 
 def relative_scores_at(scores: torch.Tensor, query_pos: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
@@ -129,8 +134,11 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
         if stream.positions is None:
             bd = ShiftedPositionScores.apply(q, r_r_bias, r, klen, shift)  # [B, H, Tq, K]
         else:
-            q_by_table = (q + r_r_bias[:, None]).view(tables, batch // tables, n_head, qlen, -1)
-            bd = torch.matmul(q_by_table, r[:, None].transpose(-1, -2)).flatten(0, 1)  # [B, H, Tq, R]
+            if tables == 1:
+                bd = position_product(q + r_r_bias[:, None], r[0])  # [B, H, Tq, R]
+            else:
+                q_by_table = (q + r_r_bias[:, None]).view(tables, batch // tables, n_head, qlen, -1)
+                bd = torch.matmul(q_by_table, r[:, None].transpose(-1, -2)).flatten(0, 1)  # [B, H, Tq, R]
             bd = relative_scores_at(bd, stream.positions, klen, shift)
         if stream.mismatch is not None:
             bd = bd + segment_scores(q, r_s_bias, self.seg_embed, stream.mismatch)

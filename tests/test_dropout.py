@@ -100,3 +100,20 @@ def test_keep_mask_on_other_devices_uses_uniform_floats():
     keep, scale = keep_mask((3, 5), 0.25, device="meta")
     assert keep.device.type == "meta" and keep.dtype == torch.bool and keep.shape == (3, 5)
     assert scale == pytest.approx(1 / 0.75)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_apply_keep_equals_bool_arithmetic(inplace, dtype):
+    """apply_keep multiplies by the mask's bytes; the result is x * keep * scale, broadcasting included, and the
+    mask's bytes are exactly 0 or 1 (it is a bool view of integer arithmetic)."""
+    from modeling_xl.dropout import apply_keep
+
+    torch.manual_seed(0)
+    keep, scale = keep_mask((4, 1, 6), 0.3)
+    assert set(keep.view(torch.uint8).unique().tolist()) <= {0, 1}
+    x = torch.randn(4, 5, 6).to(dtype)
+    expected = x * keep * scale
+    out = apply_keep(x.clone() if inplace else x, keep, scale, inplace=inplace)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, expected)

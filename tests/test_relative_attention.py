@@ -285,3 +285,43 @@ def test_fused_relative_attention_in_blocks_matches_unfused(monkeypatch, block_p
     for a, b in zip(torch.autograd.grad(out, args, grad), torch.autograd.grad(want, args, grad)):
         torch.testing.assert_close(a, b)
     assert torch.autograd.gradcheck(lambda *a: FusedRelativeAttention.apply(*a, mask, T - 1, 0.0), args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_hidden_factors_equal_masked_fill(dtype):
+    """`Hidden`: x * visible + fill is masked_fill(mask, finfo.min), x * visible is masked_fill(mask, 0), in the
+    scores' own dtype (no overflow to -inf, even for the most negative finite scores), with the mask broadcast."""
+    from modeling_xl.relative_attention import Hidden
+
+    torch.manual_seed(0)
+    x = (torch.randn(2, 3, 5, 7) * 100).to(dtype)
+    x[0, 0, 0, 0] = torch.finfo(dtype).min  # extremes stay finite
+    x[0, 0, 0, 1] = torch.finfo(dtype).max
+    mask = torch.rand(2, 1, 5, 7) > 0.5
+    mask[0, 0, 0, :2] = True
+    hidden = Hidden.of(mask, dtype)
+    assert hidden.visible.dtype == dtype and hidden.fill.dtype == dtype
+    assert torch.equal(x * hidden.visible + hidden.fill, x.masked_fill(mask, torch.finfo(dtype).min))
+    assert torch.equal(x * hidden.visible, x.masked_fill(mask, 0))
+    assert Hidden.of(None, dtype) is None
+    block = hidden.block(slice(1, 2), slice(0, 2))  # a block of batch rows and heads: the mask's head dim is 1
+    assert torch.equal(block.visible, hidden.visible[1:2])
+
+
+@pytest.mark.parametrize("layout", ["head_major", "batch_major", "block"])
+def test_position_product_equals_broadcast_matmul(layout):
+    from modeling_xl.relative_attention import head_major, position_product
+
+    torch.manual_seed(0)
+    B, H, T, D, R = 3, 4, 5, 6, 9
+    x = torch.randn(B, H, T, D, dtype=torch.double)
+    r = torch.randn(H, R, D, dtype=torch.double)
+    if layout == "head_major":
+        q_v = head_major(x.shape, x).copy_(x)
+        assert q_v.transpose(0, 1).is_contiguous()
+    elif layout == "batch_major":
+        q_v = x
+    else:  # rows 1-2 of a head-major tensor, heads 1-3: what one block of the fused attention reads
+        q_v = head_major(x.shape, x).copy_(x)[1:3, 1:4]
+        r = r[1:4]
+    torch.testing.assert_close(position_product(q_v, r), torch.matmul(q_v, r.transpose(-1, -2)))
