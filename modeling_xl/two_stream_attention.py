@@ -59,9 +59,12 @@ def segment_mismatch(token_type_ids: torch.Tensor, mlen: int) -> torch.Tensor:
 
 def segment_scores(q: torch.Tensor, r_s_bias: torch.Tensor, seg_embed: torch.Tensor, mismatch: torch.Tensor):
     """(q + s) . e[mismatch] for every pair: q [B, H, T, D], seg_embed [2, H, D] (0: same, 1: different segment),
-    mismatch bool [B, T, K] -> [B, H, T, K]. Two dot products per query, then a select: O(T * D + T * K)."""
+    mismatch bool [B, T, K] -> [B, H, T, K]. Two dot products per query, then a select: O(T * D + T * K). The select
+    is `same + mismatch * (different - same)` in float arithmetic (on CPU, `torch.where` with a bool mask broadcast
+    over the heads is several times slower, forward and backward)."""
     both = torch.matmul(q + r_s_bias[:, None], seg_embed.permute(1, 2, 0))  # [B, H, T, 2]
-    return torch.where(mismatch[:, None], both[..., 1:], both[..., :1])
+    same, different = both[..., :1], both[..., 1:]
+    return torch.addcmul(same, mismatch[:, None].to(both.dtype), different - same)
 
 
 def permutation_masks(perm_mask, attention_mask, mlen: int, causal: bool, batch: int, qlen: int, device):
@@ -141,7 +144,7 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
                 bd = torch.matmul(q_by_table, r[:, None].transpose(-1, -2)).flatten(0, 1)  # [B, H, Tq, R]
             bd = relative_scores_at(bd, stream.positions, klen, shift)
         if stream.mismatch is not None:
-            bd = bd + segment_scores(q, r_s_bias, self.seg_embed, stream.mismatch)
+            bd = segment_scores(q, r_s_bias, self.seg_embed, stream.mismatch).add_(bd)  # a new tensor: add in place
         dropout_p = self.dropatt if self.training else 0.0
         attn_vec, probs = attend(q + r_w_bias[:, None], k, v, bd, stream.mask, dropout_p, self.use_sdpa,
                                  output_attentions)
