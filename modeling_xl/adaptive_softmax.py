@@ -13,6 +13,8 @@ A projection weight is [d_model, d_emb_i]: the input uses `emb @ W^T`, the outpu
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -75,9 +77,10 @@ class TableGradient:
         self.looked_up: set[int] = set()  # backward passes in which the lookup has run
 
     def defer(self, sizes, grads, hiddens) -> bool:
-        """Keep one softmax term for the lookup of this backward pass; False if that lookup has already run."""
+        """Keep one softmax term for the lookup of this backward pass; False if that lookup has already run, or under
+        compiled autograd (see `compiled_autograd_active`): the caller then computes the term where it is."""
         task = torch._C._current_graph_task_id()
-        if task in self.looked_up:
+        if task in self.looked_up or compiled_autograd_active():
             return False
         self.terms.append((task, sizes, grads, hiddens))
         return True
@@ -93,6 +96,15 @@ class TableGradient:
         for i, (_, sizes, grads, hiddens) in enumerate(terms):
             _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate=i > 0)
         return bool(terms)
+
+
+def compiled_autograd_active() -> bool:
+    """Whether backward is being traced or run by compiled autograd (`torch._dynamo.compiled_autograd`). It traces a
+    graph in which every input that requires grad gets a gradient tensor, so the softmax must not hand its share of
+    the table to the lookup (returning None for the table there): it computes it itself. Compiled autograd cannot be
+    on unless its module has been imported."""
+    module = sys.modules.get("torch._dynamo.compiled_autograd")
+    return module is not None and bool(module.compiled_autograd_enabled or module.in_compiled_autograd_region)
 
 
 def _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate: bool) -> None:
@@ -135,14 +147,14 @@ def table_gradient_for(embedding: nn.Module, output_layer: nn.Module, input_ids,
     """A `TableGradient` for one forward when the output layer's weight is `embedding`'s own table, that table is
     looked up from `input_ids` with gradients on, and both are plain `nn.Embedding` / `nn.Linear` modules that nothing
     hooks into (the deferred path computes their products itself, so a hook, an adapter or a subclass would be
-    skipped); outside `torch.compile`, where the plain ops are traced instead. Else None, and both modules run as
-    they are."""
+    skipped); outside `torch.compile` (where the plain ops are traced instead) and compiled autograd. Else None, and
+    both modules run as they are."""
     plain = (_unhooked(embedding, nn.Embedding) and _unhooked(output_layer, nn.Linear)
              and embedding.padding_idx is None and embedding.max_norm is None and not embedding.sparse
              and not embedding.scale_grad_by_freq)
     if (not plain or output_layer.weight is not embedding.weight or not embedding.weight.requires_grad
             or input_ids is None or inputs_embeds is not None or not torch.is_grad_enabled()
-            or torch.compiler.is_compiling()):
+            or torch.compiler.is_compiling() or compiled_autograd_active()):
         return None
     return TableGradient()
 

@@ -186,3 +186,45 @@ def test_deferred_table_gradient_over_several_backward_passes():
     torch.testing.assert_close(table.grad, want)
     out.backward()
     torch.testing.assert_close(table.grad, 2 * want)
+
+
+@pytest.mark.parametrize("head", ["causal", "plm"])
+@pytest.mark.parametrize("forward_inside", [False, True])
+def test_tied_table_gradient_under_compiled_autograd(head, forward_inside):
+    """Compiled autograd traces a graph in which every input that requires grad gets a gradient tensor: the softmax
+    must then compute its share of the tied table itself (no deferral to the lookup), whether the forward ran inside
+    the compiled-autograd context or only the backward does. Gradients equal those of eager autograd."""
+    import torch._dynamo.compiled_autograd as compiled_autograd
+
+    from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=60, d_model=16, n_layer=1, n_head=2, d_head=8, d_inner=32, mem_len=4, dropout=0.0)
+    if head == "causal":
+        model = TransformerXLForCausalLM(TransformerXLConfig(**common, d_embed=16, cutoffs=[30], div_val=1))
+        ids = torch.randint(0, 60, (2, 6))
+        inputs = dict(input_ids=ids, labels=ids)
+    else:
+        model = TransformerXLForPermutationLM(TransformerXLConfig(**common, adaptive=False, attn_type="bi",
+                                                                  ff_activation="gelu", reuse_len=3))
+        ids = torch.randint(0, 60, (2, 6))
+        target_mapping = torch.nn.functional.one_hot(torch.tensor([[1, 4], [2, 5]]), 6).float()
+        inputs = dict(input_ids=ids, perm_mask=(torch.rand(2, 6, 6) > 0.5).float(), target_mapping=target_mapping,
+                      labels=torch.randint(0, 60, (2, 2)))
+    model(**inputs).loss.backward()
+    eager = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+
+    def compiler(graph):
+        return torch.compile(graph, backend="eager")
+
+    if forward_inside:
+        with compiled_autograd._enable(compiler):
+            model(**inputs).loss.backward()
+    else:
+        out = model(**inputs)
+        with compiled_autograd._enable(compiler):
+            out.loss.backward()
+    assert eager.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
+    for name, grad in eager.items():
+        torch.testing.assert_close(model.get_parameter(name).grad, grad, msg=name)
