@@ -279,9 +279,9 @@ class ShiftedPositionScores(torch.autograd.Function):
         rows = batch // tables
         q_v = torch.empty(tables, heads, rows, qlen, d_head, dtype=q.dtype, device=q.device)
         torch.add(q.unflatten(0, (tables, rows)), v[:, None], out=q_v.transpose(1, 2))
+        ctx.klen, ctx.shift, ctx.r_shape = klen, shift, r.shape
         r = r.reshape(tables, heads, rlen, d_head)
         ctx.save_for_backward(q_v, r, v)
-        ctx.klen, ctx.shift, ctx.r_shape = klen, shift, r.shape if r.dim() == 4 else r.shape[1:]
         scores = torch.matmul(q_v.flatten(2, 3), r.transpose(-1, -2))  # [S, H, B/S * T, R]
         scores = scores.view(tables, heads, rows, qlen, rlen).transpose(1, 2)  # [S, B/S, H, T, R]
         shifted = _shift_view(scores, klen, shift) if _shift_view_ok(qlen, rlen, klen, shift, False) else (
@@ -300,8 +300,7 @@ class ShiftedPositionScores(torch.autograd.Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             by_head = torch.matmul(grad_bd, r)  # [S, H, B/S * T, D]
             grad_v = by_head.sum((0, 2), dtype=torch.promote_types(by_head.dtype, torch.float32)).to(v.dtype)
-            grad_q = by_head.view(q_v.shape).transpose(1, 2).flatten(0, 1) if tables == 1 else (
-                by_head.view(q_v.shape).transpose(1, 2).reshape(tables * rows, heads, qlen, -1))
+            grad_q = by_head.view(q_v.shape).transpose(1, 2).reshape(tables * rows, heads, qlen, -1)  # a view if S=1
         if ctx.needs_input_grad[2]:
             grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v.flatten(2, 3)).view(ctx.r_shape)
         return grad_q, grad_v, grad_r, None, None
