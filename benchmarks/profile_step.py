@@ -1,12 +1,16 @@
-"""Where a causal-LM training step spends its time: torch.profiler over a few steps of a bench_causal_lm.py preset.
+"""Where a training step spends its time: torch.profiler over a few steps of a bench_causal_lm.py preset, or of
+bench_plm.py's permutation-LM setup (`--preset plm`).
 
-Runs under either interpreter: `--impl ours` (this project) or `--impl legacy` (transformers 4.35.0
-`TransfoXLLMHeadModel`, run it with that venv's python). Same preset, batches and fused Adam as bench_causal_lm.py;
-two warm-up steps, then `--steps` profiled steps. Prints the operators with the most self CPU time and the share of
+Causal LM: runs under either interpreter, `--impl ours` (this project) or `--impl legacy` (transformers 4.35.0
+`TransfoXLLMHeadModel`, run it with that venv's python). Same preset, batches and fused Adam as bench_causal_lm.py.
+Permutation LM: `--impl ours` or `--impl xlnet` (transformers 5 `XLNetLMHeadModel`); as in bench_plm.py both models
+live in the process (ours converted from the seeded XLNet) and both take the warm-up steps, the chosen one is profiled.
+Two warm-up steps, then `--steps` profiled steps. Prints the operators with the most self CPU time and the share of
 matrix products (aten::mm / bmm / addmm / baddbmm), the optimizer and everything else, and writes JSON.
 
     python benchmarks/profile_step.py --impl ours --preset wide
     /work/venv435/bin/python benchmarks/profile_step.py --impl legacy --preset wide
+    python benchmarks/profile_step.py --impl xlnet --preset plm
 """
 
 from __future__ import annotations
@@ -39,28 +43,55 @@ def build(impl: str, spec: dict):
     return TransformerXLForCausalLM(TransformerXLConfig(**spec["model"]))
 
 
+def plm_steps(impl: str, n_steps: int):
+    """bench_plm.py's setup: (run(n) doing n training steps of `impl`, after two warm-up steps of both models)."""
+    from bench_plm import XLNET, plm_batches, step_ours, step_xlnet, timed_steps
+    from transformers import XLNetConfig, XLNetLMHeadModel
+
+    from modeling_xl.modeling_permutation_lm import TransformerXLForPermutationLM
+
+    torch.manual_seed(1234)
+    xlnet = XLNetLMHeadModel(XLNetConfig(**XLNET)).train()
+    sides = {"ours": (TransformerXLForPermutationLM.from_xlnet(xlnet).train(), step_ours), "xlnet": (xlnet, step_xlnet)}
+    batches = plm_batches(n_steps + 2, XLNET["vocab_size"])
+    states = {name: {"i": 0, "opt": torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)}
+              for name, (model, _) in sides.items()}
+    for name, (model, step) in sides.items():
+        timed_steps(model, step, batches, states[name], 2)
+    model, step = sides[impl]
+    return lambda n: timed_steps(model, step, batches, states[impl], n)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--impl", choices=["ours", "legacy"], default="ours")
-    parser.add_argument("--preset", choices=list(BENCH_PRESETS), default="wide")
+    parser.add_argument("--impl", choices=["ours", "legacy", "xlnet"], default="ours")
+    parser.add_argument("--preset", choices=[*BENCH_PRESETS, "plm"], default="wide")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--output", default=None, help="default benchmarks/results/profile_<impl>_<preset>.json")
     args = parser.parse_args(argv)
+    if args.impl not in (("ours", "xlnet") if args.preset == "plm" else ("ours", "legacy")):
+        parser.error(f"--impl {args.impl} does not go with --preset {args.preset}; expected ours/legacy for the causal "
+                     "presets, ours/xlnet for plm")
     set_threads()
-    spec = BENCH_PRESETS[args.preset]
-    n_seg = args.steps + 2
-    ids = word_level_ids(spec["model"]["vocab_size"], max_tokens=spec["batch"] * (n_seg * spec["tgt_len"] + 1))
-    segments = stream_segments(ids, spec["batch"], spec["tgt_len"], n_seg)
-    model = build(args.impl, spec).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
-    precision = torch.autocast("cpu", enabled=False)
-    mems = None
-    for segment in segments[:2]:
-        mems = one_step(model, segment[:, :-1], mems, optimizer, precision).mems
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for segment in segments[2:]:
+    if args.preset == "plm":
+        run = plm_steps(args.impl, args.steps)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run(args.steps)
+    else:
+        spec = BENCH_PRESETS[args.preset]
+        n_seg = args.steps + 2
+        ids = word_level_ids(spec["model"]["vocab_size"], max_tokens=spec["batch"] * (n_seg * spec["tgt_len"] + 1))
+        segments = stream_segments(ids, spec["batch"], spec["tgt_len"], n_seg)
+        model = build(args.impl, spec).train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
+        precision = torch.autocast("cpu", enabled=False)
+        mems = None
+        for segment in segments[:2]:
             mems = one_step(model, segment[:, :-1], mems, optimizer, precision).mems
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for segment in segments[2:]:
+                mems = one_step(model, segment[:, :-1], mems, optimizer, precision).mems
     averages = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in averages)
     ops = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
