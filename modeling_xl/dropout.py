@@ -33,7 +33,9 @@ def keep_mask(shape, p: float, device=None) -> tuple[torch.Tensor, float]:
     if threshold == 1 << _BITS:  # p rounds to 1: nothing is kept
         return torch.zeros(shape, dtype=torch.bool, device=device), 0.0
     device = torch.device(device) if device is not None else torch.get_default_device()
-    if device.type not in ("cpu", "cuda"):  # 63 random bits per int64 are verified on CPU and CUDA only
+    # 63 random bits per int64 are verified on CPU and CUDA only; under torch.compile (which cannot trace `random_`)
+    # the compiler's own generator draws the uniform floats
+    if device.type not in ("cpu", "cuda") or torch.compiler.is_compiling():
         return torch.rand(shape, device=device) >= p, 1.0 / (1.0 - p)
     words = torch.empty(-(-numel // _PER_WORD), dtype=torch.int64, device=device).random_()  # 63 uniform bits each
     quarters = words.view(torch.int16)[:numel].bitwise_and_(_LOW_BITS)  # 15 uniform bits per element
@@ -94,6 +96,9 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """Functional dropout (same contract as `F.dropout`, not in place)."""
     if not training or p == 0.0:
         return x
+    if torch.compiler.is_compiling():  # plain ops, for the compiler to fuse
+        keep, scale = keep_mask(x.shape, p, x.device)
+        return x * keep * scale
     if not torch.is_grad_enabled() or not x.requires_grad:
         keep, scale = keep_mask(x.shape, p, x.device)
         return apply_keep(x, keep, scale)
@@ -103,6 +108,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
 def relu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """dropout(relu(x), p) with the memory of one tensor (the output)."""
     p = p if training else 0.0
+    if torch.compiler.is_compiling():
+        return dropout(torch.relu(x), p)
     if not torch.is_grad_enabled() or not x.requires_grad:
         y = torch.relu(x)
         if p > 0:

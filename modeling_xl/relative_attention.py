@@ -116,7 +116,7 @@ def attend(
     (the position and segment terms, unscaled), mask bool broadcastable to [B, H, T, K] (True = hidden).
     A fully hidden row gets uniform weights instead of NaN (as XLNet's `-1e30` does).
     """
-    if torch.is_grad_enabled() and not output_attentions:
+    if torch.is_grad_enabled() and not output_attentions and not torch.compiler.is_compiling():
         return FusedBiasedAttention.apply(query, key, value, score_bias, mask, dropout_p), None
     scale = 1.0 / math.sqrt(query.size(-1))
     bias = score_bias * scale
@@ -593,7 +593,9 @@ class RelativeMultiHeadAttention(nn.Module):
         q, k, v = self.project(h, mem, use_cache)
         klen = k.size(2)
         dropout_p = self.dropatt if self.training else 0.0
-        if torch.is_grad_enabled() and not output_attentions and attn_mask is not None:
+        # Under torch.compile the plain ops below are traced (no graph break) and fused by the compiler.
+        if (torch.is_grad_enabled() and not output_attentions and attn_mask is not None
+                and not torch.compiler.is_compiling()):
             r = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)  # [H, R, D]
             attn_vec = FusedRelativeAttention.apply(q, r_w_bias, r_r_bias, k, v, r,
                                                     attn_mask, h.size(1) - 1, dropout_p)

@@ -28,6 +28,7 @@ from .relative_attention import (
     ShiftedPositionScores,
     attend,
     position_product,
+    rel_shift,
 )
 
 
@@ -134,15 +135,18 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
         r_w_bias, r_r_bias, r_s_bias = biases
         batch, n_head, qlen, _ = q.shape
         klen, tables = k.size(2), r.size(0)
-        if stream.positions is None:
+        if stream.positions is None and not torch.compiler.is_compiling():
             bd = ShiftedPositionScores.apply(q, r_r_bias, r, klen, shift)  # [B, H, Tq, K]
-        else:
+        else:  # the query stream, or plain ops for torch.compile to trace
             if tables == 1:
                 bd = position_product(q + r_r_bias[:, None], r[0])  # [B, H, Tq, R]
             else:
                 q_by_table = (q + r_r_bias[:, None]).view(tables, batch // tables, n_head, qlen, -1)
                 bd = torch.matmul(q_by_table, r[:, None].transpose(-1, -2)).flatten(0, 1)  # [B, H, Tq, R]
-            bd = relative_scores_at(bd, stream.positions, klen, shift)
+            if stream.positions is None:
+                bd = rel_shift(bd, klen, shift)
+            else:
+                bd = relative_scores_at(bd, stream.positions, klen, shift)
         if stream.mismatch is not None:
             bd = segment_scores(q, r_s_bias, self.seg_embed, stream.mismatch).add_(bd)  # a new tensor: add in place
         dropout_p = self.dropatt if self.training else 0.0

@@ -299,3 +299,56 @@ def test_update_memory_equals_its_definition(mem_len, seg, old, view):
     want = (h if m is None else torch.cat([m, h], 1))[:, -mem_len:]
     torch.testing.assert_close(new, want)
     assert new.untyped_storage().nbytes() == new.numel() * new.element_size()
+
+
+def _layer_call(head: str, dropout: float):
+    """(layer 0 of a small model in training mode, the positional and keyword arguments of its call in a forward with
+    memory), for the causal LM or the permutation LM."""
+    from modeling_xl import TransformerXLForPermutationLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=60, d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=32, mem_len=4, dropout=dropout,
+                  dropatt=dropout)
+    if head == "causal":
+        model = TransformerXLForCausalLM(TransformerXLConfig(**common, d_embed=16, cutoffs=[30], div_val=1)).train()
+        ids = torch.randint(0, 60, (2, 6))
+        inputs = dict(input_ids=ids, labels=ids)
+    else:
+        model = TransformerXLForPermutationLM(TransformerXLConfig(**common, adaptive=False, attn_type="bi",
+                                                                  ff_activation="gelu", reuse_len=3)).train()
+        ids = torch.randint(0, 60, (2, 6))
+        inputs = dict(input_ids=ids, perm_mask=(torch.rand(2, 6, 6) > 0.5).float(), labels=torch.randint(0, 60, (2, 2)),
+                      target_mapping=torch.nn.functional.one_hot(torch.tensor([[1, 4], [2, 5]]), 6).float())
+    inputs["mems"] = model(**inputs).mems
+    layer = model.transformer.layers[0]
+    captured = []
+    handle = layer.register_forward_pre_hook(lambda module, args, kwargs: captured.append((args, kwargs)),
+                                             with_kwargs=True)
+    model(**inputs)
+    handle.remove()
+    args, kwargs = captured[0]
+    args = [a.detach().requires_grad_() if torch.is_tensor(a) and a.is_floating_point() and a.dim() == 3 else a
+            for a in args]
+    return layer, args, kwargs
+
+
+@pytest.mark.parametrize("head", ["causal", "plm"])
+def test_layers_compile_without_graph_breaks(head):
+    """torch.compile traces a whole layer in training, dropout included, as one graph (the fused autograd nodes and
+    the `random_` dropout masks step aside for plain ops under compilation), and the compiled layer (AOT autograd,
+    forward and backward) gives the eager layer's output and input gradient (dropout off for that check)."""
+    import torch._dynamo
+
+    layer, args, kwargs = _layer_call(head, dropout=0.1)
+    explained = torch._dynamo.explain(layer)(*args, **kwargs)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    layer, args, kwargs = _layer_call(head, dropout=0.0)
+    eager = layer(*args, **kwargs)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)(*args, **kwargs)
+    out_eager = eager[0] if isinstance(eager, tuple) else eager
+    out_compiled = compiled[0] if isinstance(compiled, tuple) else compiled
+    torch.testing.assert_close(out_compiled, out_eager)
+    h = args[0]
+    (grad_eager,) = torch.autograd.grad(out_eager.square().sum(), h)
+    (grad_compiled,) = torch.autograd.grad(out_compiled.square().sum(), h)
+    torch.testing.assert_close(grad_compiled, grad_eager)
