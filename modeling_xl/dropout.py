@@ -9,7 +9,9 @@ integers (bits 0-14, 16-30, 32-46, 48-62), compared against `round(p * 2**15)`: 
 (4.6x faster than `bernoulli_` for a [16, 64, 512] mask here, 3.6x for [8, 128, 2048]), same seed handling as any
 torch random op (`torch.manual_seed`, per-device generators). The drop probability is `p` rounded to a multiple of
 2**-15 (within 1.6e-5; 0.1 becomes 0.100006) and kept elements are scaled by `1 / (1 - p_rounded)`, so the layer
-stays unbiased in expectation.
+stays unbiased in expectation. The comparison is integer arithmetic and the mask is applied through its bytes
+(`apply_keep`): on CPU, ops that produce or read bool tensors are several times slower than the same on uint8.
+Under `torch.compile`, which cannot trace `random_`, the masks are `torch.rand(shape) >= p` and dropout is plain ops.
 """
 
 from __future__ import annotations
