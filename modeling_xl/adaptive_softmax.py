@@ -104,7 +104,8 @@ def compiled_autograd_active() -> bool:
     the table to the lookup (returning None for the table there): it computes it itself. Compiled autograd cannot be
     on unless its module has been imported."""
     module = sys.modules.get("torch._dynamo.compiled_autograd")
-    return module is not None and bool(module.compiled_autograd_enabled or module.in_compiled_autograd_region)
+    return module is not None and bool(getattr(module, "compiled_autograd_enabled", False)
+                                       or getattr(module, "in_compiled_autograd_region", False))
 
 
 def _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate: bool) -> None:

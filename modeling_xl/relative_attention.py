@@ -13,8 +13,6 @@ row to its own distance: O(T * R) work instead of O(T * K * D) for gathering per
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -144,30 +142,38 @@ def _input_dtypes(ctx, grads) -> list[torch.Tensor]:
     return [g.to(dtype) for g, dtype in zip(grads, ctx.input_dtypes)]
 
 
-class Hidden(NamedTuple):
-    """A boolean attention mask (True = hidden) as two factors in the scores' dtype, shaped like the mask:
-    `x * visible + fill` is `x.masked_fill(mask, finfo.min)` and `x * visible` is `x.masked_fill(mask, 0)` for finite
-    x. On CPU, `masked_fill_` with a bool mask broadcast over the heads is about 20x slower than these float ops."""
+class Hidden:
+    """A boolean attention mask (True = hidden) applied to scores [..., T, K] of one dtype: `hide_` is
+    `masked_fill_(mask, finfo.min)`, `zero_` is `masked_fill_(mask, 0)`. Except in float16 they run as float factors
+    shaped like the mask, `x * visible + fill` and `x * visible`: on CPU, `masked_fill_` with a bool mask broadcast
+    over the heads is about 20x slower. The factors equal masked_fill for finite x; float16 scores can overflow to
+    inf at a hidden key (inf * 0 is NaN), so float16 keeps masked_fill. Build one per block of scores: the factors
+    are 4-8x the bool mask's size."""
 
-    visible: torch.Tensor
-    fill: torch.Tensor
+    def __init__(self, mask: torch.Tensor, dtype: torch.dtype):
+        self.mask, self.exact = mask, dtype == torch.float16
+        if not self.exact:
+            self.visible = mask.logical_not().to(dtype)
+            self.fill = mask.to(dtype).mul_(torch.finfo(dtype).min)
 
     @classmethod
     def of(cls, mask: torch.Tensor | None, dtype: torch.dtype) -> "Hidden | None":
-        if mask is None:
-            return None
-        return cls(mask.logical_not().to(dtype), mask.to(dtype).mul_(torch.finfo(dtype).min))
+        return None if mask is None else cls(mask, dtype)
 
-    def block(self, rows: slice, heads: slice) -> "Hidden":
-        """The factors that apply to one block of (batch row, head) pairs (see `_mask_block`)."""
-        return Hidden(_mask_block(self.visible, rows, heads), _mask_block(self.fill, rows, heads))
+    def hide_(self, scores: torch.Tensor) -> torch.Tensor:
+        if self.exact:
+            return scores.masked_fill_(self.mask, torch.finfo(scores.dtype).min)
+        return scores.mul_(self.visible).add_(self.fill)
+
+    def zero_(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad.masked_fill_(self.mask, 0.0) if self.exact else grad.mul_(self.visible)
 
 
 def _masked_softmax(scores, hidden: Hidden | None, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """softmax(scores * scale, masked) in float32 or wider, cast to `dtype`; `scores` is scaled and masked in place."""
     scores *= scale
     if hidden is not None:
-        scores.mul_(hidden.visible).add_(hidden.fill)
+        hidden.hide_(scores)
     low_precision = scores.dtype in (torch.float16, torch.bfloat16)
     return torch.softmax(scores.float() if low_precision else scores, dim=-1).to(dtype)
 
@@ -202,7 +208,7 @@ def _softmax_dropout_value_backward(grad_out, value, hidden: Hidden | None, prob
     del grad_probs
     grad_scores.mul_(scale)
     if hidden is not None:
-        grad_scores.mul_(hidden.visible)
+        hidden.zero_(grad_scores)
     return grad_value, grad_scores
 
 
@@ -238,14 +244,23 @@ def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shif
     j + shift - i falls outside [0, R) (keys that no table row describes, which Transformer-XL's causal mask hides)
     that view reads a neighbouring row instead of rel_shift's zero pad; `hidden_ok` says the caller masks them. Where
     such entries exist and the caller does not say so, the product is written into rel_shift's padded buffer
-    instead (also without a copy, but a strided product is slower)."""
-    *lead, qlen, _ = q_v.shape
+    instead (also without a copy, but a strided product is slower).
+    With r [H, R, D] the product is `position_product`'s (head-major); with r broadcastable to q_v's leading
+    dimensions (several tables, [S, 1, H, R, D] against q_v [S, B/S, H, T, D]) it is a broadcast matmul."""
+    *lead, qlen, d_head = q_v.shape
     rlen = r.size(-2)
     if _shift_view_ok(qlen, rlen, klen, shift, hidden_ok):
-        return _shift_view(position_product(q_v, r), klen, shift)
-    padded = q_v.new_empty(*lead, qlen, rlen + 1)
+        product = position_product(q_v, r) if r.dim() == 3 else torch.matmul(q_v, r.transpose(-1, -2))
+        return _shift_view(product, klen, shift)
+    if r.dim() == 3:  # [B, H, T, R + 1] stored head-major, each head's product written into it in one piece
+        batch, heads = lead
+        padded = head_major((batch, heads, qlen, rlen + 1), q_v)
+        by_head = q_v.transpose(0, 1).reshape(heads, batch * qlen, d_head)
+        torch.matmul(by_head, r.transpose(-1, -2), out=padded.transpose(0, 1)[..., :rlen].flatten(1, 2))
+    else:
+        padded = q_v.new_empty(*lead, qlen, rlen + 1)
+        torch.matmul(q_v, r.transpose(-1, -2), out=padded[..., :rlen])
     padded[..., rlen].zero_()
-    torch.matmul(q_v, r.transpose(-1, -2), out=padded[..., :rlen])
     return _shift_window(padded, shift)[..., :klen]
 
 
@@ -269,40 +284,54 @@ class ShiftedPositionScores(torch.autograd.Function):
     pad / flatten / slice zero-fills and copies [B, H, T, R]-sized tensors four times.
     q [B, H, T, D]; v [H, D] (the position bias); r [H, R, D] or [S, H, R, D] with S position tables (batch rows
     [i*B/S, (i+1)*B/S) use table i). Returns [B, H, T, klen].
-    q + v and the gradient buffer are stored table- and head-major ([S, H, B/S, T, *]): every product is then one
-    matrix product per (table, head) over all of its batch rows, and r is never copied per batch row."""
+    With one table, q + v and the gradient buffer are stored head-major ([H, B, T, *]): every product is one matrix
+    product per head over all batch rows, and r is never copied per batch row. With several tables (bi_data) they
+    stay batch-major: a head-major layout would make the output [B, H, T, K] a copy, larger than the copies of r."""
 
     @staticmethod
     def forward(ctx, q, v, r, klen: int, shift: int):
         (batch, heads, qlen, d_head), rlen = q.shape, r.size(-2)
         tables = r.size(0) if r.dim() == 4 else 1
-        rows = batch // tables
-        q_v = torch.empty(tables, heads, rows, qlen, d_head, dtype=q.dtype, device=q.device)
-        torch.add(q.unflatten(0, (tables, rows)), v[:, None], out=q_v.transpose(1, 2))
         ctx.klen, ctx.shift, ctx.r_shape = klen, shift, r.shape
-        r = r.reshape(tables, heads, rlen, d_head)
+        if tables == 1:
+            q_v = torch.empty(1, heads, batch, qlen, d_head, dtype=q.dtype, device=q.device)  # [S, H, B, T, D]
+            torch.add(q, v[:, None], out=q_v[0].transpose(0, 1))
+            r = r.reshape(1, heads, rlen, d_head)
+            ctx.save_for_backward(q_v, r, v)
+            return _shifted_position_scores(q_v[0].transpose(0, 1), r[0], klen, shift)
+        q_v = torch.add(q, v[:, None])  # [B, H, T, D]
         ctx.save_for_backward(q_v, r, v)
-        scores = torch.matmul(q_v.flatten(2, 3), r.transpose(-1, -2))  # [S, H, B/S * T, R]
-        scores = scores.view(tables, heads, rows, qlen, rlen).transpose(1, 2)  # [S, B/S, H, T, R]
-        shifted = _shift_view(scores, klen, shift) if _shift_view_ok(qlen, rlen, klen, shift, False) else (
-            rel_shift(scores, klen, shift))
-        return shifted.reshape(batch, heads, qlen, klen)
+        by_table = q_v.view(tables, batch // tables, heads, qlen, d_head)
+        return _shifted_position_scores(by_table, r[:, None], klen, shift).flatten(0, 1)
 
     @staticmethod
     def backward(ctx, grad):
-        q_v, r, v = ctx.saved_tensors  # [S, H, B/S, T, D], [S, H, R, D]
-        tables, heads, rows, qlen, _ = q_v.shape
+        q_v, r, v = ctx.saved_tensors
         rlen = r.size(-2)
-        padded, window = _unshift_buffer(q_v.shape[:3], qlen, rlen, ctx.klen, ctx.shift, q_v)
-        window.transpose(1, 2).copy_(grad.unflatten(0, (tables, rows)))
-        grad_bd = padded[..., :rlen].flatten(2, 3)  # [S, H, B/S * T, R]
         grad_q = grad_v = grad_r = None
+        if q_v.dim() == 5:  # one table, head-major: [1, H, B, T, D], r [1, H, R, D]
+            _, heads, batch, qlen, _ = q_v.shape
+            padded, window = _unshift_buffer((1, heads, batch), qlen, rlen, ctx.klen, ctx.shift, q_v)
+            window[0].transpose(0, 1).copy_(grad)
+            grad_bd = padded[..., :rlen].flatten(2, 3)  # [1, H, B * T, R]
+            if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+                by_head = torch.matmul(grad_bd, r)  # [1, H, B * T, D]
+                grad_v = by_head.sum((0, 2), dtype=torch.promote_types(by_head.dtype, torch.float32)).to(v.dtype)
+                grad_q = by_head.view(heads, batch, qlen, -1).transpose(0, 1)
+            if ctx.needs_input_grad[2]:
+                grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v.flatten(2, 3)).view(ctx.r_shape)
+            return grad_q, grad_v, grad_r, None, None
+        batch, heads, qlen, d_head = q_v.shape  # several tables, batch-major
+        tables = r.size(0)
+        by_table = q_v.view(tables, batch // tables, heads, qlen, d_head)
+        padded, window = _unshift_buffer(by_table.shape[:3], qlen, rlen, ctx.klen, ctx.shift, q_v)
+        window.copy_(grad.unflatten(0, (tables, batch // tables)))
+        grad_bd = padded[..., :rlen]  # [S, B/S, H, T, R]
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            by_head = torch.matmul(grad_bd, r)  # [S, H, B/S * T, D]
-            grad_v = by_head.sum((0, 2), dtype=torch.promote_types(by_head.dtype, torch.float32)).to(v.dtype)
-            grad_q = by_head.view(q_v.shape).transpose(1, 2).reshape(tables * rows, heads, qlen, -1)  # a view if S=1
+            grad_q = torch.matmul(grad_bd, r[:, None]).flatten(0, 1)
+            grad_v = grad_q.sum((0, 2), dtype=torch.promote_types(grad_q.dtype, torch.float32)).to(v.dtype)
         if ctx.needs_input_grad[2]:
-            grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v.flatten(2, 3)).view(ctx.r_shape)
+            grad_r = torch.matmul(grad_bd.transpose(-1, -2), by_table).sum(1)
         return grad_q, grad_v, grad_r, None, None
 
 
@@ -395,10 +424,9 @@ class FusedRelativeAttention(torch.autograd.Function):
             keep = None if dropout_p == 0 else torch.empty(batch, heads, qlen, klen, dtype=torch.bool,
                                                            device=q.device)
             ctx.keep_scale = 1.0
-            hidden = Hidden.of(mask, key.dtype)
             for rows, hs in score_blocks(batch, heads, qlen, klen, q.element_size()):
                 probs = _relative_probs(q_u[rows, hs], q_v[rows, hs], key[rows, hs], r[hs],
-                                        None if hidden is None else hidden.block(rows, hs), shift, scale)
+                                        Hidden.of(_mask_block(mask, rows, hs), key.dtype), shift, scale)
                 if keep is not None:
                     keep[rows, hs], ctx.keep_scale = keep_mask(probs.shape, dropout_p, probs.device)
                     apply_keep(probs, keep[rows, hs], ctx.keep_scale, inplace=True)
@@ -420,11 +448,10 @@ class FusedRelativeAttention(torch.autograd.Function):
             grad_value = torch.empty_like(value)
             grad_q = grad_key = None  # allocated once the first block's probabilities are freed
             grad_r, grad_u, grad_v = torch.zeros_like(r), torch.zeros_like(u), torch.zeros_like(v)
-            hidden = Hidden.of(mask, key.dtype)
             for rows, hs in score_blocks(batch, heads, qlen, klen, q_u.element_size()):
                 block_q_u, block_q_v, block_key, block_r = q_u[rows, hs], q_v[rows, hs], key[rows, hs], r[hs]
                 block_grad_out = grad_out[rows, hs]
-                block_hidden = None if hidden is None else hidden.block(rows, hs)
+                block_hidden = Hidden.of(_mask_block(mask, rows, hs), key.dtype)
                 block_keep = None if keep is None else keep[rows, hs]
                 probs = _relative_probs(block_q_u, block_q_v, block_key, block_r, block_hidden, ctx.shift, ctx.scale)
                 _grad_value(block_grad_out, probs, block_keep, ctx.keep_scale, out=grad_value[rows, hs])
@@ -435,7 +462,7 @@ class FusedRelativeAttention(torch.autograd.Function):
                 grad_scores.sub_(rowsum[rows, hs]).mul_(probs).mul_(ctx.scale)  # dS
                 del probs
                 if block_hidden is not None:
-                    grad_scores.mul_(block_hidden.visible)
+                    block_hidden.zero_(grad_scores)
                 if grad_q is None:
                     grad_q, grad_key = torch.empty_like(q_u), torch.empty_like(key)
                 block_grad_q = grad_q[rows, hs]

@@ -61,11 +61,12 @@ def segment_mismatch(token_type_ids: torch.Tensor, mlen: int) -> torch.Tensor:
 def segment_scores(q: torch.Tensor, r_s_bias: torch.Tensor, seg_embed: torch.Tensor, mismatch: torch.Tensor):
     """(q + s) . e[mismatch] for every pair: q [B, H, T, D], seg_embed [2, H, D] (0: same, 1: different segment),
     mismatch bool [B, T, K] -> [B, H, T, K]. Two dot products per query, then a select: O(T * D + T * K). The select
-    is `same + mismatch * (different - same)` in float arithmetic (on CPU, `torch.where` with a bool mask broadcast
-    over the heads is several times slower, forward and backward)."""
+    is `same * (1 - m) + different * m` with m the mismatch as 0/1 floats, exact like `torch.where` for finite
+    values (on CPU, `torch.where` with a bool mask broadcast over the heads is several times slower, forward and
+    backward)."""
     both = torch.matmul(q + r_s_bias[:, None], seg_embed.permute(1, 2, 0))  # [B, H, T, 2]
-    same, different = both[..., :1], both[..., 1:]
-    return torch.addcmul(same, mismatch[:, None].to(both.dtype), different - same)
+    m = mismatch[:, None].to(both.dtype)  # [B, 1, T, K]
+    return (both[..., :1] * (1 - m)).addcmul_(both[..., 1:], m)
 
 
 def permutation_masks(perm_mask, attention_mask, mlen: int, causal: bool, batch: int, qlen: int, device):
