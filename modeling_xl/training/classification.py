@@ -20,6 +20,8 @@ from pathlib import Path
 import datasets
 import torch
 
+from .teardown import end_run
+
 logger = logging.getLogger(__name__)
 
 LOCAL_BUILDERS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t", "quoting": 3}), ".json": ("json", {}),
@@ -243,6 +245,8 @@ def run_finetuning(args: FinetuneArguments) -> dict:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         save_outputs(accelerator.unwrap_model(model), tokenizer, args, results)
+    del model, optimizer, train_loader, dev_loader, scheduler  # the prepared wrappers go first (see `end_run`)
+    end_run(accelerator)
     return results
 
 

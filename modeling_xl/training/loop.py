@@ -23,6 +23,7 @@ from .models import build_config, build_model, build_optimizer, build_scheduler
 from .objectives import objective_for
 from .publishing import model_card, push_folder, write_results
 from .steps import NonFiniteLossError, train_step
+from .teardown import end_run
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
                                  "--resume_from_checkpoint latest") from None
     results = final_evaluation(accelerator, args, model, data, objective, state)
     finish(accelerator, args, model, data, state, results, global_batch, time.perf_counter() - started)
+    del model, optimizer, scheduler  # the prepared wrappers go before the process group (see `end_run`)
+    end_run(accelerator)
     return results
 
 
@@ -167,7 +170,6 @@ def finish(accelerator, args, model, data, state, results, global_batch: int, wa
     """Final folder on the main process: model + remote code, tokenizer, results, loss plot, model card; then push."""
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(model)  # collective under FSDP: every process takes part
-    accelerator.end_training()  # stops the trackers and destroys the process group
     if not accelerator.is_main_process:
         return
     out = args.output_dir
