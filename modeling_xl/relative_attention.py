@@ -290,39 +290,38 @@ class ShiftedPositionScores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, v, r, klen: int, shift: int):
-        (batch, heads, qlen, d_head), rlen = q.shape, r.size(-2)
-        tables = r.size(0) if r.dim() == 4 else 1
+        batch, heads, qlen, d_head = q.shape
+        ctx.tables = r.size(0) if r.dim() == 4 else 1
         ctx.klen, ctx.shift, ctx.r_shape = klen, shift, r.shape
-        if tables == 1:
-            q_v = torch.empty(1, heads, batch, qlen, d_head, dtype=q.dtype, device=q.device)  # [S, H, B, T, D]
-            torch.add(q, v[:, None], out=q_v[0].transpose(0, 1))
-            r = r.reshape(1, heads, rlen, d_head)
+        if ctx.tables == 1:
+            r = r.reshape(r.shape[-3:])  # [H, R, D]
+            q_v = torch.add(q, v[:, None], out=head_major(q.shape, q))
             ctx.save_for_backward(q_v, r, v)
-            return _shifted_position_scores(q_v[0].transpose(0, 1), r[0], klen, shift)
+            return _shifted_position_scores(q_v, r, klen, shift)
         q_v = torch.add(q, v[:, None])  # [B, H, T, D]
         ctx.save_for_backward(q_v, r, v)
-        by_table = q_v.view(tables, batch // tables, heads, qlen, d_head)
+        by_table = q_v.view(ctx.tables, batch // ctx.tables, heads, qlen, d_head)
         return _shifted_position_scores(by_table, r[:, None], klen, shift).flatten(0, 1)
 
     @staticmethod
     def backward(ctx, grad):
-        q_v, r, v = ctx.saved_tensors
+        q_v, r, v = ctx.saved_tensors  # q_v [B, H, T, D]: head-major storage with one table, else batch-major
+        batch, heads, qlen, d_head = q_v.shape
         rlen = r.size(-2)
         grad_q = grad_v = grad_r = None
-        if q_v.dim() == 5:  # one table, head-major: [1, H, B, T, D], r [1, H, R, D]
-            _, heads, batch, qlen, _ = q_v.shape
-            padded, window = _unshift_buffer((1, heads, batch), qlen, rlen, ctx.klen, ctx.shift, q_v)
-            window[0].transpose(0, 1).copy_(grad)
-            grad_bd = padded[..., :rlen].flatten(2, 3)  # [1, H, B * T, R]
+        if ctx.tables == 1:  # r [H, R, D]; products per head over all batch rows
+            padded, window = _unshift_buffer((heads, batch), qlen, rlen, ctx.klen, ctx.shift, q_v)
+            window.transpose(0, 1).copy_(grad)
+            grad_bd = padded[..., :rlen].flatten(1, 2)  # [H, B * T, R]
             if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-                by_head = torch.matmul(grad_bd, r)  # [1, H, B * T, D]
-                grad_v = by_head.sum((0, 2), dtype=torch.promote_types(by_head.dtype, torch.float32)).to(v.dtype)
-                grad_q = by_head.view(heads, batch, qlen, -1).transpose(0, 1)
+                by_head = torch.matmul(grad_bd, r)  # [H, B * T, D]
+                grad_v = by_head.sum(1, dtype=torch.promote_types(by_head.dtype, torch.float32)).to(v.dtype)
+                grad_q = by_head.view(heads, batch, qlen, d_head).transpose(0, 1)
             if ctx.needs_input_grad[2]:
-                grad_r = torch.matmul(grad_bd.transpose(-1, -2), q_v.flatten(2, 3)).view(ctx.r_shape)
+                by_head_q_v = q_v.transpose(0, 1).flatten(1, 2)  # [H, B * T, D], a view
+                grad_r = torch.matmul(grad_bd.transpose(-1, -2), by_head_q_v).view(ctx.r_shape)
             return grad_q, grad_v, grad_r, None, None
-        batch, heads, qlen, d_head = q_v.shape  # several tables, batch-major
-        tables = r.size(0)
+        tables = ctx.tables  # several tables, batch-major
         by_table = q_v.view(tables, batch // tables, heads, qlen, d_head)
         padded, window = _unshift_buffer(by_table.shape[:3], qlen, rlen, ctx.klen, ctx.shift, q_v)
         window.copy_(grad.unflatten(0, (tables, batch // tables)))

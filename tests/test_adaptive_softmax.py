@@ -197,22 +197,9 @@ def test_tied_table_gradient_under_compiled_autograd(head, forward_inside):
     must then compute its share of the tied table itself (no deferral to the lookup), whether the forward ran inside
     the compiled-autograd context or only the backward does. Gradients equal those of eager autograd."""
     import torch._dynamo.compiled_autograd as compiled_autograd
+    from small_lms import lm_batch, small_lm
 
-    from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM
-
-    torch.manual_seed(0)
-    common = dict(vocab_size=60, d_model=16, n_layer=1, n_head=2, d_head=8, d_inner=32, mem_len=4, dropout=0.0)
-    if head == "causal":
-        model = TransformerXLForCausalLM(TransformerXLConfig(**common, d_embed=16, cutoffs=[30], div_val=1))
-        ids = torch.randint(0, 60, (2, 6))
-        inputs = dict(input_ids=ids, labels=ids)
-    else:
-        model = TransformerXLForPermutationLM(TransformerXLConfig(**common, adaptive=False, attn_type="bi",
-                                                                  ff_activation="gelu", reuse_len=3))
-        ids = torch.randint(0, 60, (2, 6))
-        target_mapping = torch.nn.functional.one_hot(torch.tensor([[1, 4], [2, 5]]), 6).float()
-        inputs = dict(input_ids=ids, perm_mask=(torch.rand(2, 6, 6) > 0.5).float(), target_mapping=target_mapping,
-                      labels=torch.randint(0, 60, (2, 2)))
+    model, inputs = small_lm(head, n_layer=1), lm_batch(head)
     model(**inputs).loss.backward()
     eager = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -241,34 +228,21 @@ def _fsdp2_worker(rank: int, world: int, port: int, head: str, result_path: str)
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
+    from small_lms import lm_batch, small_lm
+
     import modeling_xl.adaptive_softmax as adaptive_softmax
-    from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    common = dict(vocab_size=60, d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=32, mem_len=4, dropout=0.0)
-    if head == "causal":
-        config = TransformerXLConfig(**common, d_embed=16, cutoffs=[30], div_val=1)
-        make = TransformerXLForCausalLM
-    else:
-        config = TransformerXLConfig(**common, adaptive=False, attn_type="bi", ff_activation="gelu", reuse_len=3)
-        make = TransformerXLForPermutationLM
-    reference, model = make(config), make(config)
+    reference, model = small_lm(head), small_lm(head)
     model.load_state_dict(reference.state_dict())
     for layer in model.transformer.layers:
         fully_shard(layer)
     fully_shard(model)
     torch.manual_seed(1)
-    batches = []
-    for _ in range(world):
-        ids = torch.randint(0, 60, (2, 6))
-        batch = dict(input_ids=ids, labels=ids)
-        if head == "plm":
-            batch.update(perm_mask=(torch.rand(2, 6, 6) > 0.5).float(), labels=torch.randint(0, 60, (2, 2)),
-                         target_mapping=torch.nn.functional.one_hot(torch.tensor([[1, 4], [2, 5]]), 6).float())
-        batches.append(batch)
+    batches = [lm_batch(head) for _ in range(world)]
     (sum(reference(**batch).loss for batch in batches) / world).backward()
     deferred = []
     lookup = adaptive_softmax.TiedEmbeddingLookup.apply

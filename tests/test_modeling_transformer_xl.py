@@ -304,21 +304,10 @@ def test_update_memory_equals_its_definition(mem_len, seg, old, view):
 def _layer_call(head: str, dropout: float):
     """(layer 0 of a small model in training mode, the positional and keyword arguments of its call in a forward with
     memory), for the causal LM or the permutation LM."""
-    from modeling_xl import TransformerXLForPermutationLM
+    from small_lms import lm_batch, small_lm
 
     torch.manual_seed(0)
-    common = dict(vocab_size=60, d_model=16, n_layer=2, n_head=2, d_head=8, d_inner=32, mem_len=4, dropout=dropout,
-                  dropatt=dropout)
-    if head == "causal":
-        model = TransformerXLForCausalLM(TransformerXLConfig(**common, d_embed=16, cutoffs=[30], div_val=1)).train()
-        ids = torch.randint(0, 60, (2, 6))
-        inputs = dict(input_ids=ids, labels=ids)
-    else:
-        model = TransformerXLForPermutationLM(TransformerXLConfig(**common, adaptive=False, attn_type="bi",
-                                                                  ff_activation="gelu", reuse_len=3)).train()
-        ids = torch.randint(0, 60, (2, 6))
-        inputs = dict(input_ids=ids, perm_mask=(torch.rand(2, 6, 6) > 0.5).float(), labels=torch.randint(0, 60, (2, 2)),
-                      target_mapping=torch.nn.functional.one_hot(torch.tensor([[1, 4], [2, 5]]), 6).float())
+    model, inputs = small_lm(head, dropout=dropout), lm_batch(head)
     inputs["mems"] = model(**inputs).mems
     layer = model.transformer.layers[0]
     captured = []
