@@ -401,8 +401,9 @@ class FusedRelativeAttention(torch.autograd.Function):
     Backward (the standard softmax-attention gradient) gives dS; the content part gives d(q + u) = dS k,
     dk = dS^T (q + u); the position part is dS shifted back into the table (the inverse of `rel_shift`: every visible
     entry has one source) giving d(q + v) and dr; dq is their sum, du and dv their sums over batch and positions.
-    dS is built in one [b, h, T, R + 1] buffer per block: dP = dO V^T is written into the window of the inverse
-    shift, turned into dS there in place (rowsum(dP * P) = rowsum(dO * O), from the output), and read back unshifted.
+    dS is built in one [b, h, T, R + 1] buffer per block: dP = dO V^T minus rowsum(dP * P) (= rowsum(dO * O), from
+    the output) is written into the window of the inverse shift, turned into dS there in place, and read back
+    unshifted.
     The output is a [B, H, T, D] view of a [B, T, H, D] tensor, so that merging the heads is a view and the output
     projection saves the same storage as this node.
     Inputs: q [B, H, T, D]; u, v [H, D] (the content and position biases); key, value [B, H, K, D]; r [H, R, D];
@@ -455,10 +456,13 @@ class FusedRelativeAttention(torch.autograd.Function):
                 probs = _relative_probs(block_q_u, block_q_v, block_key, block_r, block_hidden, ctx.shift, ctx.scale)
                 _grad_value(block_grad_out, probs, block_keep, ctx.keep_scale, out=grad_value[rows, hs])
                 padded, grad_scores = _unshift_buffer(block_q_u.shape[:2], qlen, rlen, klen, ctx.shift, block_q_u)
-                torch.matmul(block_grad_out, value[rows, hs].transpose(-1, -2), out=grad_scores)  # dP
+                # dP, contiguous: a batched product written straight into the strided window is 1.2-1.7x slower
+                grad_probs = torch.matmul(block_grad_out, value[rows, hs].transpose(-1, -2))
                 if block_keep is not None:
-                    apply_keep(grad_scores, block_keep, ctx.keep_scale, inplace=True)
-                grad_scores.sub_(rowsum[rows, hs]).mul_(probs).mul_(ctx.scale)  # dS
+                    apply_keep(grad_probs, block_keep, ctx.keep_scale, inplace=True)
+                torch.sub(grad_probs, rowsum[rows, hs], out=grad_scores)
+                del grad_probs
+                grad_scores.mul_(probs).mul_(ctx.scale)  # dS
                 del probs
                 if block_hidden is not None:
                     block_hidden.zero_(grad_scores)
