@@ -385,3 +385,45 @@ class AdaptiveLogSoftmax(nn.Module):
     def _tail_starts(self, device) -> torch.Tensor:
         """First token id of every tail cluster, for `bucketize`."""
         return torch.tensor([lo for lo, _ in self.bounds[1:]], dtype=torch.long, device=device)
+
+
+def resize_vocabulary(embedding: AdaptiveEmbedding, softmax: AdaptiveLogSoftmax | None, config, new_size: int,
+                      mean_resizing: bool = True) -> None:
+    """Grow or shrink the vocabulary to `new_size` tokens in place: the last cluster's rows (the input table's, and
+    the softmax's weight and bias) are added or cut at the end, so every kept token keeps its id and its vectors.
+    New rows are the mean of their table's existing rows (`mean_resizing`) or drawn as at initialisation. A softmax
+    weight that is the input table's own parameter stays tied to the resized table. Updates `config.vocab_size`."""
+    low = embedding.bounds[-1][0]
+    if not isinstance(new_size, int) or isinstance(new_size, bool) or new_size <= low:
+        raise ValueError(f"new_num_tokens={new_size!r} is invalid; expected an integer > {low} (the last cluster "
+                         f"starts at token {low}, cutoffs={list(config.cutoffs)})")
+
+    table = embedding.emb_layers[-1]
+    table_start = 0 if embedding.div_val == 1 else low  # the first token id of the last table's rows
+    tied = softmax is not None and softmax.out_layers[-1].weight is table.weight
+    table.weight = nn.Parameter(_resize_rows(table.weight.data, new_size - table_start, mean_resizing,
+                                             config.init_std))
+    table.num_embeddings = new_size - table_start
+    if softmax is not None:
+        layer = softmax.out_layers[-1]
+        layer.weight = table.weight if tied else nn.Parameter(
+            _resize_rows(layer.weight.data, new_size - table_start, mean_resizing, config.init_std))
+        layer.bias = nn.Parameter(_resize_rows(layer.bias.data, new_size - table_start, mean_resizing, 0.0))
+        layer.out_features = new_size - table_start
+        softmax.vocab_size = new_size
+        softmax.bounds = cluster_bounds(new_size, list(config.cutoffs))
+        softmax.shortlist = softmax.bounds[0][1]
+    embedding.bounds = cluster_bounds(new_size, list(config.cutoffs))
+    config.vocab_size = new_size
+
+
+def _resize_rows(old: torch.Tensor, rows: int, mean_resizing: bool, std: float) -> torch.Tensor:
+    """`old` [n, ...] cut to or extended to `rows` rows; new rows are the mean of the old ones or normal(0, std)."""
+    if rows <= old.size(0):
+        return old[:rows].clone()
+    extra = old.new_empty(rows - old.size(0), *old.shape[1:])
+    if mean_resizing:
+        extra.copy_(old.float().mean(0).to(old.dtype).expand_as(extra))
+    else:
+        extra.normal_(0.0, std)
+    return torch.cat([old, extra])

@@ -159,12 +159,12 @@ class TransformerXLConfig(PreTrainedConfig):
         """Raise a ValueError naming the field, its value and what was expected."""
         for field in ("vocab_size", "d_model", "d_embed", "n_layer", "n_head", "d_head", "d_inner"):
             value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not _is_int(value) or value <= 0:
                 raise ValueError(f"{field}={value!r} is invalid; expected a positive integer")
-        if not isinstance(self.div_val, int) or self.div_val < 1:
+        if not _is_int(self.div_val) or self.div_val < 1:
             raise ValueError(f"div_val={self.div_val!r} is invalid; expected an integer >= 1")
         cutoffs = self.cutoffs
-        if any(not isinstance(c, int) or c <= 0 for c in cutoffs):
+        if any(not _is_int(c) or c <= 0 for c in cutoffs):
             raise ValueError(f"cutoffs={cutoffs!r} is invalid; expected positive integers")
         if sorted(set(cutoffs)) != cutoffs:
             raise ValueError(f"cutoffs={cutoffs!r} is invalid; expected strictly increasing values")
@@ -182,15 +182,21 @@ class TransformerXLConfig(PreTrainedConfig):
                     f"div_val={self.div_val} is too large for d_embed={self.d_embed}: cluster {i} would have "
                     "no dimensions; expected d_embed // div_val**i >= 1 for every cluster"
                 )
-        if not isinstance(self.mem_len, int) or self.mem_len < 0:
+        if not _is_int(self.mem_len) or self.mem_len < 0:
             raise ValueError(f"mem_len={self.mem_len!r} is invalid; expected an integer >= 0")
-        if not isinstance(self.clamp_len, int) or (self.clamp_len < 0 and self.clamp_len != -1):
+        if not _is_int(self.clamp_len) or (self.clamp_len < 0 and self.clamp_len != -1):
             raise ValueError(f"clamp_len={self.clamp_len!r} is invalid; expected -1 (no clamping) or an integer >= 0")
         for field in ("dropout", "dropatt", "classifier_dropout"):
             value = getattr(self, field)
-            if not 0.0 <= value < 1.0:
+            if not _is_number(value) or not 0.0 <= value < 1.0:
                 raise ValueError(f"{field}={value!r} is invalid; expected a probability in [0, 1)")
-        if self.reuse_len is not None and (not isinstance(self.reuse_len, int) or self.reuse_len < 1):
+        for field in ("init_std", "proj_init_std", "layer_norm_epsilon"):
+            value = getattr(self, field)
+            if not _is_number(value) or not value > 0:
+                raise ValueError(f"{field}={value!r} is invalid; expected a positive number")
+        if self.n_token_type is not None and (not _is_int(self.n_token_type) or self.n_token_type < 0):
+            raise ValueError(f"n_token_type={self.n_token_type!r} is invalid; expected an integer >= 0")
+        if self.reuse_len is not None and (not _is_int(self.reuse_len) or self.reuse_len < 1):
             raise ValueError(f"reuse_len={self.reuse_len!r} is invalid; expected None or an integer >= 1")
         if self.attn_type not in ("uni", "bi"):
             raise ValueError(f"attn_type={self.attn_type!r} is invalid; expected 'uni' or 'bi'")
@@ -198,3 +204,12 @@ class TransformerXLConfig(PreTrainedConfig):
             raise ValueError(f"summary_type={self.summary_type!r} is invalid; expected 'last', 'first' or 'mean'")
         if self.ff_activation not in ("relu", "gelu"):
             raise ValueError(f"ff_activation={self.ff_activation!r} is invalid; expected 'relu' or 'gelu'")
+
+
+def _is_int(value) -> bool:
+    """An int and not a bool (`True` is an int to Python, never a length)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

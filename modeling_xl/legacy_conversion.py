@@ -59,8 +59,9 @@ def convert_key(legacy_key: str) -> str | None:
                      f"the patterns {sorted(KEY_MAP)}")
 
 
-def convert_config(legacy: dict) -> TransformerXLConfig:
-    """Our config from a legacy config.json dict (rejects variants the paper's released models never used)."""
+def convert_config(legacy: dict, **overrides) -> TransformerXLConfig:
+    """Our config from a legacy config.json dict (rejects variants the paper's released models never used), with
+    `overrides` (config fields, e.g. the evaluation's `mem_len` / `clamp_len`) applied and validated."""
     if legacy.get("model_type") != LEGACY_MODEL_TYPE:
         raise ValueError(f"model_type={legacy.get('model_type')!r}; expected {LEGACY_MODEL_TYPE!r}")
     if legacy.get("attn_type", 0) != 0:
@@ -84,7 +85,12 @@ def convert_config(legacy: dict) -> TransformerXLConfig:
     )
     if fields["clamp_len"] < 0:
         fields["clamp_len"] = -1
-    return TransformerXLConfig(**fields)
+    known = TransformerXLConfig().to_dict()
+    unknown = sorted(set(overrides) - set(fields) - set(known))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not a TransformerXLConfig field; expected config fields as keyword "
+                         "arguments when loading a legacy Transformer-XL checkpoint")
+    return TransformerXLConfig(**{**fields, **overrides})
 
 
 def convert_state_dict(
@@ -134,10 +140,18 @@ def read_legacy_weights(path: str) -> dict[str, torch.Tensor]:
         raise ValueError(f"{path} could not be read as plain tensors (weights_only=True): {err}") from err
 
 
-def load_legacy_model(cls, config_path: str, weights_path: str, dtype: torch.dtype | None = None):
-    """Build `cls` (our causal LM or bare backbone) from a legacy config.json and weights file."""
-    with open(config_path, encoding="utf-8") as f:
-        config = convert_config(json.load(f))
+def load_legacy_model(cls, config_path: str, weights_path: str, dtype: torch.dtype | None = None,
+                      config: TransformerXLConfig | None = None, **overrides):
+    """Build `cls` (our causal LM or bare backbone) from a legacy config.json and weights file. `config` replaces the
+    converted config (its shapes must match the weights), `overrides` set config fields (as `from_pretrained`'s
+    keyword arguments do)."""
+    if config is not None:
+        if not isinstance(config, TransformerXLConfig):
+            raise ValueError(f"config is a {type(config).__name__}; expected a TransformerXLConfig")
+        config = TransformerXLConfig(**{**config.to_dict(), **overrides}) if overrides else config
+    else:
+        with open(config_path, encoding="utf-8") as f:
+            config = convert_config(json.load(f), **overrides)
     model = cls(config)
     is_backbone = not hasattr(model, "transformer")
     prefix = "transformer." if is_backbone else ""

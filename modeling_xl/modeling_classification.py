@@ -20,14 +20,20 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
 from .modeling_transformer_xl import AUTO_MAP, TransformerXLModel, TransformerXLPreTrainedModel, complete_auto_map
 
+# The Auto classes a saved classifier maps: its backbone and itself (a language-model head would not match its weights).
 CLASSIFICATION_AUTO_MAP = {
-    **AUTO_MAP,
+    "AutoModel": AUTO_MAP["AutoModel"],
+    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
+}
+BIDIRECTIONAL_CLASSIFICATION_AUTO_MAP = {
+    "AutoModel": "modeling_permutation_lm.TransformerXLPermutationModel",
     "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
 }
 
@@ -163,9 +169,10 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
         return load_xlnet_into(cls, path_or_model, **config_overrides)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        super().save_pretrained(save_directory, *args, **kwargs)
+        PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)  # not the causal LM's auto_map
         if self._auto_class is not None and kwargs.get("is_main_process", True):
-            complete_auto_map(save_directory, CLASSIFICATION_AUTO_MAP)
+            complete_auto_map(save_directory, BIDIRECTIONAL_CLASSIFICATION_AUTO_MAP if self.config.attn_type == "bi"
+                              else CLASSIFICATION_AUTO_MAP)
 
     def encode(self, input_ids, attention_mask=None, mems=None, token_type_ids=None, inputs_embeds=None,
                output_attentions=None, output_hidden_states=None):
@@ -234,10 +241,12 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
         """Classify documents [B, N] longer than one segment: read them `segment_len` tokens at a time with memory
         (`config.mem_len`) and classify from the last segment.
 
-        Each row's real tokens are moved to the end (`left_align`) and the document is left-padded to a multiple of
-        `segment_len`, so the last segment holds the end of every document. Padding stays hidden as memory too: the
-        key mask is carried along the memory ([B, M+T]). Memory is detached (Dai et al. 2019, Sec. 3.2): earlier
-        segments run without gradient, only the last segment's forward is trained.
+        Each row's real tokens are moved to the end (`left_align`), and the first segment is the short one (N mod
+        `segment_len` tokens), so the last segment holds the end of every document and nothing is padded. A shorter
+        row's padding stays hidden as memory too: the key mask is carried along the memory ([B, M+T]) (the
+        bidirectional backbone cannot hide memory, so there every row of a batch must have the same length).
+        Memory is detached (Dai et al. 2019, Sec. 3.2): earlier segments run without gradient, only the last
+        segment's forward is trained.
         """
         if input_ids.dim() != 2 or input_ids.size(1) == 0:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, doc_len > 0]")
@@ -254,16 +263,14 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
             raise ValueError(f"documents {empty} are empty (no real token in attention_mask); expected at least one "
                              "token per document")
         input_ids, attention_mask = left_align(input_ids, attention_mask.ne(0).long())
-        pad = -input_ids.size(1) % segment_len
-        input_ids = F.pad(input_ids, (pad, 0), value=self.config.pad_token_id or 0)  # [B, N'], N' % T == 0
-        attention_mask = F.pad(attention_mask, (pad, 0), value=0)
+        doc_len = input_ids.size(1)
+        edges = [0, *range(doc_len % segment_len or segment_len, doc_len, segment_len), doc_len]
         mems, mem_mask = None, None
-        for start in range(0, input_ids.size(1) - segment_len, segment_len):  # every segment but the last
-            window = slice(start, start + segment_len)
-            key_mask = with_memory_mask(mem_mask, attention_mask[:, window])  # [B, M+T]
+        for start, end in zip(edges[:-2], edges[1:-1]):  # every segment but the last
+            key_mask = with_memory_mask(mem_mask, attention_mask[:, start:end])  # [B, M+T]
             with torch.no_grad():  # memory is detached anyway: no gradient reaches these segments
-                mems = self.encode(input_ids[:, window], key_mask, mems).mems
+                mems = self.encode(input_ids[:, start:end], key_mask, mems).mems
             mem_mask = None if mems is None else key_mask[:, -mems[0].size(1):]  # the memory keeps the last M keys
-        window = slice(input_ids.size(1) - segment_len, None)
+        window = slice(edges[-2], None)
         key_mask = with_memory_mask(mem_mask, attention_mask[:, window])
         return self(input_ids[:, window], attention_mask=key_mask, mems=mems, labels=labels, return_dict=True)

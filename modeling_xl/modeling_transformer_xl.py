@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
@@ -22,6 +22,7 @@ from .adaptive_softmax import (
     AdaptiveLogSoftmax,
     TableGradient,
     needs_projections,
+    resize_vocabulary,
     table_gradient_for,
 )
 from .configuration_transformer_xl import TransformerXLConfig
@@ -111,8 +112,9 @@ def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) ->
     if batch == 0 or length == 0:
         raise ValueError(f"input has shape {tuple(x.shape)}; expected a non-empty batch and sequence")
     if input_ids is not None:
-        if input_ids.dtype not in (torch.long, torch.int, torch.int16, torch.uint8):
-            raise ValueError(f"input_ids has dtype {input_ids.dtype}; expected integer token ids")
+        if input_ids.dtype not in (torch.long, torch.int):
+            raise ValueError(f"input_ids has dtype {input_ids.dtype}; expected integer token ids (torch.long or "
+                             "torch.int)")
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= config.vocab_size:
             bad = low if low < 0 else high
@@ -189,6 +191,27 @@ def complete_auto_map(save_directory, auto_map: dict[str, str]) -> None:
         f.write("\n")
 
 
+# from_pretrained keyword arguments that say where and how to load, not what the model is (the rest, config fields
+# and `config=`, also apply to a legacy checkpoint).
+LOADING_KWARGS = frozenset({"revision", "token", "cache_dir", "force_download", "local_files_only", "proxies",
+                            "subfolder", "trust_remote_code", "dtype", "torch_dtype", "use_safetensors",
+                            "weights_only", "low_cpu_mem_usage", "attn_implementation", "device_map"})
+
+
+def _is_bidirectional(pretrained_model_name_or_path, kwargs) -> bool:
+    """Whether `from_pretrained`'s checkpoint (or its `config=` argument) is an `attn_type="bi"` model of ours."""
+    config = kwargs.get("config")
+    if isinstance(config, PreTrainedConfig):
+        return getattr(config, "attn_type", "uni") == "bi"
+    hub = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
+    try:
+        config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path,
+                                                          **{k: kwargs[k] for k in hub if k in kwargs})
+    except (OSError, ValueError):  # missing or unreadable: the regular loader reports it
+        return False
+    return config_dict.get("model_type") == TransformerXLConfig.model_type and config_dict.get("attn_type") == "bi"
+
+
 class TransformerXLPreTrainedModel(PreTrainedModel):
     config_class = TransformerXLConfig
     config: TransformerXLConfig
@@ -220,13 +243,34 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
 
         legacy = find_legacy_files(resolve)
         if legacy is not None:
-            return load_legacy_model(cls, *legacy, dtype=kwargs.get("dtype", kwargs.get("torch_dtype")))
+            overrides = {k: v for k, v in kwargs.items() if k not in LOADING_KWARGS}
+            return load_legacy_model(cls, *legacy, dtype=kwargs.get("dtype", kwargs.get("torch_dtype")), **overrides)
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
             complete_auto_map(save_directory, AUTO_MAP)
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True):
+        """As in transformers, for the adaptive input (and the adaptive softmax of a causal LM): tokens are added to
+        or removed from the end of the last cluster (`adaptive_softmax.resize_vocabulary`), so the cutoffs and every
+        kept token's vectors stay. Returns the input embedding module. Models with a plain embedding table (the
+        permutation LM) resize as in transformers."""
+        embedding = self.get_input_embeddings()
+        if not isinstance(embedding, AdaptiveEmbedding):
+            return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if new_num_tokens is None:
+            return embedding
+        if pad_to_multiple_of is not None:
+            if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of <= 0:
+                raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r} is invalid; expected a positive integer")
+            new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
+        softmax = getattr(self, "lm_head", None)
+        resize_vocabulary(embedding, softmax if isinstance(softmax, AdaptiveLogSoftmax) else None, self.config,
+                          new_num_tokens, mean_resizing)
+        return embedding
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -253,6 +297,10 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
     """The backbone: adaptive input embedding, relative positions, n_layer decoder layers with memory."""
 
     def __init__(self, config: TransformerXLConfig):
+        if config.attn_type != "uni":
+            raise ValueError(f"attn_type={config.attn_type!r} is the bidirectional XLNet-style backbone; "
+                             "TransformerXLModel is the causal one (expected 'uni'): use "
+                             "TransformerXLPermutationModel, or AutoModel, which picks the backbone by attn_type")
         super().__init__(config)
         self.word_emb = AdaptiveEmbedding(config)
         self.drop = Dropout(config.dropout)
@@ -262,6 +310,25 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         self.layers = nn.ModuleList(TransformerXLLayer(config) for _ in range(config.n_layer))
         self._position_table = None  # (key, table): see position_embeddings
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """As in transformers; a bidirectional (`attn_type="bi"`) checkpoint loads as `TransformerXLPermutationModel`
+        (`AutoModel` maps the one config class to this class, so the backbone is picked here)."""
+        if cls is TransformerXLModel and _is_bidirectional(pretrained_model_name_or_path, kwargs):
+            from .modeling_permutation_lm import TransformerXLPermutationModel
+
+            return TransformerXLPermutationModel.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+    @classmethod
+    def _from_config(cls, config, **kwargs):
+        """`AutoModel.from_config`: the backbone of `config.attn_type`, as in `from_pretrained`."""
+        if cls is TransformerXLModel and getattr(config, "attn_type", "uni") == "bi":
+            from .modeling_permutation_lm import TransformerXLPermutationModel
+
+            return TransformerXLPermutationModel._from_config(config, **kwargs)
+        return super()._from_config(config, **kwargs)
 
     def get_input_embeddings(self):
         return self.word_emb
@@ -316,7 +383,10 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = cfg.return_dict if return_dict is None else return_dict
-        _, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems)
+        batch, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems)
+        if attention_mask is not None and attention_mask.size(0) != batch:
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected [batch={batch}, "
+                             f"seq_len={qlen}] or [batch={batch}, mem_len + seq_len]")
         mems = mems if mems is not None and mems[0].size(1) > 0 else None
 
         if inputs_embeds is not None:
@@ -384,18 +454,21 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         use_cache: bool | None = None,
+        attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> TransformerXLCausalLMOutput | tuple:
         """`labels` [B, T] are shifted inside (position t predicts labels[:, t+1]); `next_token_labels` [B, T] are
         already aligned (position t predicts next_token_labels[:, t]; at a segment's last position that is the first
         token of the next segment). -100 is ignored. Without labels, `logits` holds log-probabilities of the last
-        `logits_to_keep` positions (0: all). `use_cache`: see `TransformerXLModel.forward`."""
+        `logits_to_keep` positions (0: all). `attention_mask` (1 = real token, 0 = padding) [B, T] or [B, M+T] hides
+        padding keys, `use_cache`: see `TransformerXLModel.forward`."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if labels is not None and next_token_labels is not None:
             raise ValueError("expected at most one of labels and next_token_labels, got both")
         table_gradient = self._table_gradient(input_ids, inputs_embeds, labels, next_token_labels)
         outputs = self.transformer(input_ids, mems, inputs_embeds, output_attentions, output_hidden_states,
-                                   return_dict=True, use_cache=use_cache, table_gradient=table_gradient)
+                                   return_dict=True, attention_mask=attention_mask, use_cache=use_cache,
+                                   table_gradient=table_gradient)
         hidden = outputs.last_hidden_state  # [B, T, d]
         batch, qlen = hidden.shape[:2]
         loss = losses = logits = None
@@ -428,13 +501,19 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
             return None
         return table_gradient_for(word_emb.emb_layers[0], self.lm_head.out_layers[0], input_ids, inputs_embeds)
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
-        """`generate` keeps our memory under `past_key_values`; with memory, only the newest token is fed."""
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, **kwargs):
+        """`generate` keeps our memory under `past_key_values`; with memory, only the newest token is fed, and the
+        attention mask (which `generate` extends by one real token per step) is cut to the memory's tokens plus it,
+        so that padding stays hidden once it is in memory."""
         if past_key_values is not None:
             input_ids = input_ids[:, -1:]
         inputs = {"input_ids": input_ids, "mems": past_key_values}
-        if "logits_to_keep" in kwargs:
-            inputs["logits_to_keep"] = kwargs["logits_to_keep"]
+        if attention_mask is not None:
+            mlen = 0 if past_key_values is None else past_key_values[0].size(1)
+            inputs["attention_mask"] = attention_mask[:, -(mlen + input_ids.size(1)):]
+        for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache"):
+            if kwargs.get(name) is not None:
+                inputs[name] = kwargs[name]
         return inputs
 
     def _reorder_cache(self, mems, beam_idx):

@@ -120,6 +120,19 @@ def test_forward_long_with_full_memory_equals_one_pass():
     torch.testing.assert_close(long, one_pass, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("doc_len", [7, 8, 3])
+def test_forward_long_bidirectional_any_length_equals_one_pass(doc_len):
+    """The bidirectional backbone (its memory cannot hide padding) reads a document of any length: the first segment
+    is the short one, nothing is padded; with a memory covering the document it equals one pass."""
+    model = model_for(mem_len=16, attn_type="bi", cutoffs=[], adaptive=False)
+    docs = torch.randint(1, 97, (2, doc_len))
+    long = model.forward_long(docs, segment_len=4).logits
+    ids = docs[:, -4:]
+    mems = model(docs[:, : doc_len - ids.size(1)]).mems if doc_len > 4 else None
+    want = model(ids, mems=mems).logits
+    torch.testing.assert_close(long, want, atol=1e-5, rtol=1e-5)
+
+
 def test_forward_long_trains_only_the_last_segment_and_reports_loss():
     model = model_for(mem_len=8).train()
     out = model.forward_long(torch.randint(1, 97, (2, 20)), labels=torch.tensor([0, 1]), segment_len=6)

@@ -76,6 +76,25 @@ def test_backbone_loads_from_legacy_checkpoint():
     torch.testing.assert_close(out.last_hidden_state, expected["last_hidden_0"], atol=1e-5, rtol=0)
 
 
+def test_legacy_checkpoint_takes_config_overrides():
+    """from_pretrained's config keyword arguments apply to a converted legacy checkpoint as to one of ours (the
+    paper's evaluation lengthens mem_len / clamp_len); invalid or unknown ones raise naming them."""
+    plain = TransformerXLForCausalLM.from_pretrained(FIXTURES / "case_a")
+    model = TransformerXLForCausalLM.from_pretrained(FIXTURES / "case_a", mem_len=20, clamp_len=-1,
+                                                     same_length=False, output_hidden_states=True)
+    assert (plain.config.mem_len, plain.config.clamp_len, plain.config.same_length) == (6, 3, True)
+    assert (model.config.mem_len, model.config.clamp_len, model.config.same_length) == (20, -1, False)
+    assert model.config.output_hidden_states
+    for name, value in plain.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    x = torch.randint(0, model.config.vocab_size, (1, 8))
+    assert model(x).mems[0].size(1) == 8  # mem_len 20 keeps the whole segment (6 would keep 6)
+    with pytest.raises(ValueError, match="mem_len=-3"):
+        TransformerXLForCausalLM.from_pretrained(FIXTURES / "case_a", mem_len=-3)
+    with pytest.raises(ValueError, match="memlen: not a TransformerXLConfig field"):
+        TransformerXLForCausalLM.from_pretrained(FIXTURES / "case_a", memlen=3)
+
+
 def test_every_legacy_key_has_a_name_and_unknown_keys_raise():
     for case in CASES:
         meta = json.loads((FIXTURES / case / "expected.json").read_text())

@@ -174,6 +174,65 @@ def test_generate_with_memory_equals_generate_without(kwargs):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("mem_len", [3, 64])
+def test_left_padded_batch_forward_and_generate_equal_each_row_alone(mem_len):
+    """`attention_mask` reaches the causal LM: the real positions of a left-padded row score and generate exactly as
+    the row alone, also once the padding is in memory (mem_len 3: it leaves memory again)."""
+    model = model_for(mem_len=mem_len)
+    x = torch.randint(1, 97, (2, 6))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])
+    alone = model(x[:1, 2:]).logits
+    torch.testing.assert_close(model(x, attention_mask=mask).logits[:1, 2:], alone, rtol=0, atol=1e-5)
+    assert not torch.allclose(model(x).logits[:1, 2:], alone, rtol=0, atol=1e-5)  # the padding matters unmasked
+    gen = model.generate(x, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                         eos_token_id=None)
+    for row, start in ((0, 2), (1, 0)):
+        want = model.generate(x[row : row + 1, start:], max_new_tokens=6, do_sample=False, pad_token_id=0,
+                              eos_token_id=None)
+        assert torch.equal(gen[row : row + 1, start:], want)
+
+
+def test_generate_returns_attentions_and_hidden_states():
+    model = model_for()
+    x = torch.randint(1, 97, (1, 4))
+    out = model.generate(x, max_new_tokens=2, do_sample=False, pad_token_id=0, eos_token_id=None,
+                         output_attentions=True, output_hidden_states=True, return_dict_in_generate=True)
+    n_layer = model.config.n_layer
+    assert len(out.attentions) == len(out.hidden_states) == 2
+    assert len(out.attentions[0]) == n_layer and out.attentions[0][0].shape[-2:] == (4, 4)
+    assert len(out.hidden_states[1]) == n_layer + 1 and out.hidden_states[1][0].shape[:2] == (1, 1)
+
+
+@pytest.mark.parametrize("overrides", [dict(div_val=1), dict(div_val=2), dict(cutoffs=[], adaptive=False)])
+def test_resize_token_embeddings_keeps_every_kept_token(overrides, tmp_path):
+    """Tokens are added to / cut from the end of the last cluster: the kept tokens' vectors stay, the softmax stays
+    tied and normalises over the new vocabulary, training and save / load work, shrinking back restores the model."""
+    model = model_for(**overrides)
+    x = torch.randint(0, 97, (2, 5))
+    before = model(x, labels=x).losses
+    old_table = model.transformer.word_emb.emb_layers[-1].weight.detach().clone()
+    assert model.resize_token_embeddings(120, pad_to_multiple_of=8) is model.get_input_embeddings()
+    table = model.transformer.word_emb.emb_layers[-1].weight
+    assert model.config.vocab_size == 120 and model.lm_head.out_layers[-1].weight is table
+    assert torch.equal(table[: old_table.size(0)], old_table)
+    assert torch.allclose(table[old_table.size(0):], old_table.mean(0).expand(table.size(0) - old_table.size(0), -1))
+    log_probs = model(x).logits
+    assert log_probs.shape == (2, 5, 120)
+    torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(2, 5))
+    y = torch.randint(100, 120, (2, 5))
+    model.train()
+    model(y, labels=y).loss.backward()
+    assert table.grad[old_table.size(0):].abs().sum() > 0
+    model.eval().save_pretrained(tmp_path / "ckpt")
+    reloaded = TransformerXLForCausalLM.from_pretrained(tmp_path / "ckpt").eval()
+    torch.testing.assert_close(reloaded(y).logits, model(y).logits)
+    model.resize_token_embeddings(97)
+    torch.testing.assert_close(model(x, labels=x).losses, before)
+    too_small = 10 if overrides.get("cutoffs", True) else 0  # at or below the last cluster's first token (50 or 0)
+    with pytest.raises(ValueError, match=f"new_num_tokens={too_small} is invalid"):
+        model_for(**overrides).resize_token_embeddings(too_small)
+
+
 @pytest.mark.parametrize("make_kwargs,match", [
     (lambda x, m: dict(input_ids=x + 200), "input_ids contains 2"),
     (lambda x, m: dict(input_ids=x - 100), "input_ids contains -"),
@@ -181,6 +240,8 @@ def test_generate_with_memory_equals_generate_without(kwargs):
     (lambda x, m: dict(input_ids=x[:, :0]), "non-empty"),
     (lambda x, m: dict(input_ids=x[0]), r"expected \[batch, seq_len\]"),
     (lambda x, m: dict(input_ids=x.float()), "integer token ids"),
+    (lambda x, m: dict(input_ids=x.to(torch.int16)), "dtype torch.int16; expected integer token ids"),
+    (lambda x, m: dict(input_ids=x, attention_mask=torch.ones(3, 4)), r"attention_mask has shape \(3, 4\)"),
     (lambda x, m: dict(input_ids=x, mems=m[:1]), "mems has 1 tensors; expected one per layer"),
     (lambda x, m: dict(input_ids=x, mems=(m[0], m[1][:, :2])), r"mems\[1\] has shape"),
     (lambda x, m: dict(input_ids=x, mems=tuple(t[:1] for t in m)), "batch=2"),
@@ -202,6 +263,10 @@ def test_bad_input_raises_value_error_naming_the_argument(make_kwargs, match):
     (dict(d_model=0), "d_model"), (dict(n_head=-1), "n_head"), (dict(mem_len=-2), "mem_len"),
     (dict(clamp_len=-5), "clamp_len"), (dict(dropout=1.5), "dropout"), (dict(div_val=64), "div_val"),
     (dict(tie_projs=[True]), "tie_projs"), (dict(attn_type="sideways"), "attn_type"),
+    (dict(classifier_dropout=None), "classifier_dropout=None"), (dict(dropout="0.1"), "dropout='0.1'"),
+    (dict(mem_len=True), "mem_len=True"), (dict(div_val=True), "div_val=True"), (dict(cutoffs=[True, 50]), "cutoffs"),
+    (dict(layer_norm_epsilon="x"), "layer_norm_epsilon='x'"), (dict(init_std=0), "init_std=0"),
+    (dict(n_token_type=-1), "n_token_type=-1"),
 ])
 def test_invalid_config_raises(bad, match):
     with pytest.raises(ValueError, match=match):

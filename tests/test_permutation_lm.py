@@ -204,6 +204,8 @@ def test_loss_is_masked_mean_of_target_cross_entropy():
     torch.testing.assert_close(out.losses, ce * target_mask)
     ignored = labels.masked_fill(target_mask == 0, -100)
     torch.testing.assert_close(model(x, perm_mask, target_mapping, labels=ignored).loss, out.loss)
+    int32 = model(x, perm_mask, target_mapping, labels=labels.int(), target_mask=target_mask)  # as a collator may give
+    torch.testing.assert_close(int32.loss, out.loss)
 
 
 def test_gradient_reaches_every_parameter_and_checkpointing_matches():
@@ -450,3 +452,51 @@ def test_hooked_embedding_and_output_layer_run_as_modules():
     with torch.no_grad():
         model.eval()(x, perm_mask, target_mapping)
     assert sorted(calls) == ["lm_head", "word_emb"]
+
+
+BACKBONE_FROM_FOLDER = """
+import sys, torch
+from transformers import AutoModel
+model = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+print(type(model).__name__)
+torch.save(model(torch.load(sys.argv[2])).last_hidden_state, sys.argv[3])
+"""
+
+
+@pytest.mark.parametrize("head", ["permutation_lm", "classifier"])
+def test_auto_model_loads_the_bidirectional_backbone(head, tmp_path):
+    """AutoModel maps the one config class to the causal backbone's class, which hands an attn_type="bi" checkpoint
+    (or config) to TransformerXLPermutationModel, installed or as remote code; building the causal backbone from a
+    bidirectional config is an error."""
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoModel
+
+    from modeling_xl import TransformerXLForSequenceClassification, TransformerXLModel, TransformerXLPermutationModel
+
+    model = plm_model() if head == "permutation_lm" else TransformerXLForSequenceClassification(
+        plm_model().config).eval()
+    model.save_pretrained(tmp_path / "ckpt")
+    auto_map = json.loads((tmp_path / "ckpt" / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModel"] == "modeling_permutation_lm.TransformerXLPermutationModel"
+    assert "AutoModelForCausalLM" not in auto_map
+    x = torch.randint(0, V, (2, 5))
+    want = model.transformer(x).last_hidden_state
+    loaded = AutoModel.from_pretrained(tmp_path / "ckpt").eval()
+    assert type(loaded) is TransformerXLPermutationModel
+    torch.testing.assert_close(loaded(x).last_hidden_state, want, rtol=0, atol=0)
+    assert type(AutoModel.from_config(model.config)) is TransformerXLPermutationModel
+    with pytest.raises(ValueError, match="attn_type='bi'"):
+        TransformerXLModel(model.config)
+    if head == "classifier":  # remote code in a fresh process
+        torch.save(x, tmp_path / "x.pt")
+        (tmp_path / "load.py").write_text(BACKBONE_FROM_FOLDER)
+        env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(tmp_path / "ckpt"), str(tmp_path / "x.pt"),
+                               str(tmp_path / "out.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split() == ["TransformerXLPermutationModel"]
+        torch.testing.assert_close(torch.load(tmp_path / "out.pt", weights_only=True), want, rtol=0, atol=0)

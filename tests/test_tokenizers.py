@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokenization import (build_vocab, byte_level_tokenizer, check_vocab_matches, encode_lines,
+from tokenization import (build_vocab, byte_level_tokenizer, char_level_tokenizer, check_vocab_matches, encode_lines,
                           read_legacy_vocab_pkl, tokenizer_from_vocab, train_char_level_tokenizer,
                           train_unigram_tokenizer, train_word_level_tokenizer, word_level_tokenizer)
 from tokenization.arrow_words import WordLevelPlan, insert_after_each_line
@@ -107,6 +107,15 @@ def test_round_trips():
 def unigram():
     lines = read_lines(DATA / "tinyshakespeare" / "input.txt")[:4000]
     return train_unigram_tokenizer(lines, vocab_size=400)
+
+
+def test_char_level_ids_follow_the_given_symbols():
+    """chars[i] has id i (an imported character vocabulary keeps its ids); <unk> and the newline come after when
+    missing, and a newline among the symbols keeps its own place."""
+    tokenizer = char_level_tokenizer(["a", "b", "\n", "c", "a"])
+    assert tokenizer.get_vocab() == {"a": 0, "b": 1, "\n": 2, "c": 3, "<unk>": 4}
+    assert tokenizer("cab").input_ids == [3, 0, 1, 2]
+    assert char_level_tokenizer(["x"]).get_vocab() == {"x": 0, "<unk>": 1, "\n": 2}
 
 
 def test_unigram_xlnet_format_and_left_padding(unigram):

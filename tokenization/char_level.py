@@ -18,8 +18,9 @@ UNK = "<unk>"
 
 
 def char_level_tokenizer(chars: list[str], *, unk_token: str = UNK, newline_at_end: bool = True):
-    """Tokenizer over exactly these symbols (chars[i] has id i); `unk_token` and "\\n" are added when missing."""
-    symbols = list(dict.fromkeys([unk_token, "\n", *chars]))
+    """Tokenizer over exactly these symbols (chars[i] has id i, repeats dropped); `unk_token` and "\\n" are added
+    after them when missing."""
+    symbols = list(dict.fromkeys([*chars, unk_token, "\n"]))
     if any(len(c) != 1 for c in symbols if c != unk_token):
         raise ValueError("chars must be single characters; expected a list like ['a', 'b', ' ']")
     ids = {c: i for i, c in enumerate(symbols)}
