@@ -5,7 +5,8 @@
 
 LEGACY_DIR holds config.json and model.safetensors or pytorch_model.bin (read with weights_only=True: nothing is
 unpickled). OUT_DIR receives safetensors weights, config.json and the model code, loadable with
-`AutoModelForCausalLM.from_pretrained(OUT_DIR, trust_remote_code=True)`. A legacy vocabulary found beside the weights
+`AutoModelForCausalLM.from_pretrained(OUT_DIR, trust_remote_code=True)`; it must be another folder than LEGACY_DIR
+(converting in place would overwrite the legacy files). A legacy vocabulary found beside the weights
 is converted into a fast tokenizer; a pickled `vocab.pkl` is read by a restricted parser, never unpickled.
 """
 
@@ -34,6 +35,9 @@ def parse_args(argv=None):
 def convert(legacy_dir: str, out_dir: str, dtype: str = "float32") -> TransformerXLForCausalLM:
     if not os.path.isdir(legacy_dir):
         raise ValueError(f"legacy_dir={legacy_dir!r} is not a folder; expected a transformers-4.x checkpoint folder")
+    if os.path.realpath(out_dir) == os.path.realpath(legacy_dir):  # save_pretrained would overwrite the source
+        raise ValueError(f"out_dir={out_dir!r} is the legacy_dir itself; expected another folder (converting in place "
+                         "would overwrite the legacy config.json and weights)")
     files = find_legacy_files(local_resolver(legacy_dir))
     if files is None:
         raise ValueError(f"legacy_dir={legacy_dir!r} has no config.json with model_type 'transfo-xl'")

@@ -109,3 +109,24 @@ def test_bad_corpora(tmp_path):
         OrderedStreams(ids, batch_size=4, tgt_len=8)
     with pytest.raises(ValueError, match="has no train file"):
         load_corpus(tmp_path / "cache", cache_dir=str(tmp_path / "cache2"))
+
+
+@pytest.mark.parametrize("objective, reserved", [("clm", 0), ("plm", 2)])
+def test_trained_word_tokenizer_has_exactly_tokenizer_vocab_size_symbols(objective, reserved):
+    from modeling_xl.training import parse_args
+    from modeling_xl.training.corpus import load_tokenizer
+    from modeling_xl.training.plm import add_plm_tokens
+
+    lines = (DATA / "wikitext-2" / "train.txt").read_text(encoding="utf-8").splitlines()[:3000]
+    assert any("<unk>" in line.split() for line in lines)  # WikiText holds the literal word <unk>
+    without_unk = [line.replace("<unk>", "") for line in lines]
+    for texts in (lines, without_unk):
+        corpus = {"train": datasets.Dataset.from_dict({"text": texts})}
+        for size in (5, 6, 500):
+            args = parse_args(["--preset", "debug", "--objective", objective, "--tokenizer_vocab_size", str(size)])
+            tokenizer = load_tokenizer(args, corpus)
+            if objective == "plm":
+                add_plm_tokens(tokenizer)
+            assert len(tokenizer) == size, (size, texts is lines)
+            assert tokenizer.convert_ids_to_tokens(0) == "<eos>" and tokenizer.unk_token == "<unk>"
+            assert sorted(tokenizer.get_vocab().values()) == list(range(size))

@@ -7,6 +7,7 @@ publishing, and loading the final folder in a fresh process.
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -179,6 +180,19 @@ def test_resume_after_sigkill_gives_the_same_losses(workdir, reference_with_drop
         assert resumed[step] == pytest.approx(uninterrupted[step], rel=1e-6, abs=1e-6), step
     assert json.loads((out / "eval_results.json").read_text())["perplexity"] == pytest.approx(
         json.loads((reference / "eval_results.json").read_text())["perplexity"], rel=1e-6)
+
+
+def test_resume_with_another_process_count_is_refused_by_every_process(workdir, reference_with_dropout):
+    out = workdir / "two_resume_one"
+    shutil.copytree(reference_with_dropout / "checkpoints", out / "checkpoints")
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    result = run_driver(workdir, out, ["--checkpointing_steps", "6", "--resume_from_checkpoint", "latest", *DROPOUT],
+                        processes=2, check=False)
+    assert result.returncode != 0
+    # both ranks stop on the layout check, before Accelerate's load_state (rank 1 has no memories file to read)
+    assert result.stderr.count("was written with num_processes=1, this run has num_processes=2") == 2, result.stderr[-3000:]
+    assert "memories_rank1" not in result.stderr
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before  # nothing written
 
 
 def test_final_folder_loads_in_a_fresh_process_and_generates(reference):

@@ -3,6 +3,7 @@
 import copy
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 from unittest import mock
 
@@ -14,7 +15,8 @@ from transformers import PreTrainedTokenizerFast
 
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 from modeling_xl.training import NonFiniteLossError, data_from_tokens, parse_args, run_pretraining, train_step
-from modeling_xl.training import objectives
+from modeling_xl.training import list_checkpoints, objectives
+from modeling_xl.training.plm import plm_data_from_tokens
 from modeling_xl.training.steps import clm_objective
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +38,14 @@ def builder(args, rank, world, per_process):
     return data_from_tokens(tokenizer, ids[:18_000], ids[18_000:], num_streams=per_process * world,
                             tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
                             process_index=rank, info={"char_level": True, "dataset_name": "tinyshakespeare"})
+
+
+def plm_builder(args, rank, world, per_process):
+    text = CORPUS.read_text()[:20_000]
+    tokenizer = char_tokenizer(text)
+    ids = tokenizer(text)["input_ids"]
+    return plm_data_from_tokens(tokenizer, ids[:18_000], ids[18_000:], args, num_streams=per_process * world,
+                                num_processes=world, process_index=rank, info={"dataset_name": "tinyshakespeare"})
 
 
 def debug_args(out, *extra):
@@ -89,6 +99,73 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert not (tmp_path / "model.safetensors").exists()  # no final model from a diverged run
     steps = [json.loads(line)["step"] for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert max(steps) == 7
+
+
+# ---------------------------------------------------------------- an output folder that holds an earlier run
+
+def folder_contents(folder) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def log_records(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_new_run_in_the_folder_of_an_earlier_run_is_refused_unless_it_overwrites(tmp_path):
+    out = tmp_path / "out"
+    run_pretraining(debug_args(out, "--max_train_steps", "6", "--eval_steps", "3", "--checkpointing_steps", "3"), builder)
+    earlier = folder_contents(out)
+    new_run = ["--max_train_steps", "4", "--eval_steps", "2", "--checkpointing_steps", "2"]
+    with pytest.raises(ValueError, match=r"output_dir=.* already holds an earlier run \(checkpoints, train_log.jsonl\); "
+                                         r"expected .*--overwrite_output_dir"):
+        run_pretraining(debug_args(out, *new_run), builder)
+    assert folder_contents(out) == earlier  # nothing written
+    (out / "notes.txt").write_text("the user's own file")
+    run_pretraining(debug_args(out, *new_run, "--overwrite_output_dir"), builder)
+    # the new run keeps its own checkpoints (not the earlier run's higher steps) and logs step 0 once
+    assert [p.name for p in list_checkpoints(out)] == ["step_0000002", "step_0000004"]
+    assert [r["step"] for r in log_records(out) if "eval_loss" in r] == [0, 2, 4]
+    assert [r["step"] for r in log_records(out) if "loss" in r] == [1, 2, 3, 4]
+    assert (out / "notes.txt").read_text() == "the user's own file"
+    # resuming from a checkpoint past the last step would train nothing and publish the old weights
+    finished = folder_contents(out)
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint=.*step_0000004' is at step 4, past this run's "
+                                         r"max_train_steps=3"):
+        run_pretraining(debug_args(out, "--max_train_steps", "3", "--resume_from_checkpoint", "latest"), builder)
+    assert folder_contents(out) == finished
+
+
+def test_incompatible_resume_is_refused_before_anything_is_written_or_loaded(tmp_path):
+    out = tmp_path / "out"
+    run_pretraining(debug_args(out, "--max_train_steps", "4", "--checkpointing_steps", "2"), builder)
+    before = folder_contents(out)
+    with mock.patch.object(Accelerator, "load_state") as load_state, \
+            pytest.raises(ValueError, match=r"resume_from_checkpoint=.*step_0000004' was written with "
+                                            r"train_batch_size=4, this run has train_batch_size=8"):
+        run_pretraining(debug_args(out, "--max_train_steps", "8", "--train_batch_size", "8",
+                                   "--resume_from_checkpoint", "latest"), builder)
+    load_state.assert_not_called()
+    assert folder_contents(out) == before  # training_config.yaml/.json still describe the run that wrote them
+
+
+# ---------------------------------------------------------------- permutation LM: resume with more steps
+
+def test_plm_resumed_with_a_larger_max_train_steps_trains_on_the_same_batches(tmp_path):
+    plm = ["--objective", "plm", "--tgt_len", "16", "--mem_len", "8", "--lr_scheduler_type", "constant",
+           "--checkpointing_steps", "4", "--eval_steps", "4", "--max_eval_segments", "3"]
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    run_pretraining(debug_args(first, *plm, "--max_train_steps", "8"), plm_builder)
+    shutil.copytree(first / "checkpoints" / "step_0000004", resumed / "checkpoints" / "step_0000004")
+    run_pretraining(debug_args(resumed, *plm, "--max_train_steps", "12", "--resume_from_checkpoint", "latest"),
+                    plm_builder)
+    uninterrupted = {r["step"]: r["loss"] for r in log_records(first) if "loss" in r}
+    continued = {r["step"]: r["loss"] for r in log_records(resumed) if "loss" in r}
+    assert sorted(continued) == list(range(5, 13))
+    for step in range(5, 9):  # the memories still belong to their rows: the same losses as the first run
+        assert continued[step] == pytest.approx(uninterrupted[step], rel=1e-6), step
+    # a step moves each of the 4 rows reuse_len = 8 tokens further (the rest of a sample is re-read or random)
+    state = json.loads((first / "checkpoints" / "step_0000008" / "training_state.json").read_text())
+    assert state["tokens_seen"] == 8 * 4 * 8
 
 
 # ---------------------------------------------------------------- bad input, before any training
@@ -181,11 +258,16 @@ def test_script_on_a_char_level_text_file_reports_bpc(tmp_path):
 
 def test_plm_objective_trains_on_wikitext2(tmp_path, shared_data):
     out = tmp_path / "plm"
+    valid = tmp_path / "valid.txt"  # the final evaluation reads the whole split: 100 lines keep it to seconds
+    valid.write_text("\n".join((shared_data / "wikitext-2" / "valid.txt").read_text().splitlines()[:100]) + "\n")
     assert run_script(["--objective", "plm", "--preset", "debug", "--dataset_name", str(shared_data / "wikitext-2"),
-                       "--tgt_len", "16", "--mem_len", "8", "--max_train_steps", "40", "--learning_rate", "1e-2",
-                       "--eval_steps", "20", "--max_eval_segments", "10", "--output_dir", str(out)]) == 0
+                       "--validation_file", str(valid), "--tgt_len", "16", "--mem_len", "8", "--max_train_steps", "40",
+                       "--learning_rate", "1e-2", "--eval_steps", "20", "--max_eval_segments", "10",
+                       "--output_dir", str(out)]) == 0
     history = eval_history(out)
     assert [h["step"] for h in history] == [0, 20, 40]
+    # `--max_eval_segments` caps the evaluations during training, not the final one
+    assert history[1]["eval_tokens"] == 10 * 4 * 3 and history[-1]["eval_tokens"] > 10 * history[1]["eval_tokens"]
     assert history[-1]["eval_loss"] < history[0]["eval_loss"] - 0.5
     config = json.loads((out / "config.json").read_text())
     assert config["attn_type"] == "bi" and config["reuse_len"] == 8

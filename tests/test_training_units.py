@@ -4,6 +4,7 @@ import math
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +15,8 @@ from modeling_xl.training.checkpointing import list_checkpoints, resolve_checkpo
 from modeling_xl.training.evaluation import bits_per_character, perplexity, recurrence_settings
 from modeling_xl.training.publishing import HubUploadError, push_folder, upload_file_list
 from modeling_xl.training.data import data_from_tokens
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------- arguments
@@ -35,7 +38,36 @@ def test_yaml_with_unknown_key_is_rejected(tmp_path):
         parse_args(["--config", str(config)])
 
 
+def test_yaml_values_are_converted_to_the_argument_types(tmp_path):
+    config = tmp_path / "run.yaml"  # PyYAML reads 3e-4 (no dot) as the string '3e-4'
+    config.write_text("learning_rate: 3e-4\nadam_epsilon: 1e-6\nmax_train_steps: 1e3\neval_steps: '7'\n"
+                      "bi_data: 'yes'\ndataset_config_name: 103\nmixed_precision: 'no'\n")
+    args = parse_args(["--preset", "debug", "--config", str(config)])
+    assert args.learning_rate == 3e-4 and isinstance(args.learning_rate, float) and args.adam_epsilon == 1e-6
+    assert args.max_train_steps == 1000 and args.eval_steps == 7 and args.bi_data is True
+    assert args.dataset_config_name == "103" and args.mixed_precision == "no"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("learning_rate: fast", r"learning_rate='fast' is invalid; expected a number"),
+    ("max_train_steps: 2.5", r"max_train_steps=2.5 is invalid; expected an integer"),
+    ("with_tracking: maybe", r"with_tracking='maybe' is invalid; expected a boolean"),
+    ("mixed_precision: no", r"mixed_precision=False is invalid; expected a string \(YAML reads unquoted yes/no"),
+    ("seed: [1, 2]", r"seed=\[1, 2\] is invalid; expected an integer"),
+])
+def test_yaml_values_of_the_wrong_type_are_named(tmp_path, text, message):
+    config = tmp_path / "run.yaml"
+    config.write_text(text + "\n")
+    with pytest.raises(ValueError, match=rf"config='{config}': {message}"):
+        parse_args(["--config", str(config)])
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--tokenizer_vocab_size", "0"], r"tokenizer_vocab_size=0 is invalid; expected an integer >= 3"),
+    (["--tokenizer_vocab_size", "-5"], r"tokenizer_vocab_size=-5 is invalid; expected an integer >= 3"),
+    (["--tokenizer_vocab_size", "4", "--objective", "plm"], r"tokenizer_vocab_size=4 is invalid; expected an integer >= 5"),
+    (["--overwrite_output_dir", "--resume_from_checkpoint", "latest"], r"overwrite_output_dir=True and "
+                                                                       r"resume_from_checkpoint='latest' are both set"),
     (["--objective", "mlm"], r"objective='mlm' is invalid; expected one of \['clm', 'plm'\]"),
     (["--train_file", "/nonexistent/train.txt"], r"train_file='/nonexistent/train.txt' does not exist"),
     (["--lr_scheduler_type", "step"], r"lr_scheduler_type='step' is invalid"),
@@ -229,3 +261,116 @@ def test_optimizer_is_fused_on_cpu_and_decays_only_matrices(optimizer):
         assert id(model.transformer.layers[0].attn.r_w_bias) not in decayed
     model(torch.randint(0, model.config.vocab_size, (2, 5)), labels=torch.randint(0, 8, (2, 5))).loss.backward()
     opt.step()  # the fused kernel runs on CPU
+
+
+# ---------------------------------------------------------------- permutation-LM data
+
+class _WordTokenizer:
+    """A tokenizer that `plm_data_from_tokens` can add <sep> and <cls> to (ids 50 and 51)."""
+
+    eos_token_id = 0
+    sep_token = cls_token = None
+
+    def add_special_tokens(self, tokens):
+        self.sep_token, self.cls_token = tokens["sep_token"], tokens["cls_token"]
+        self.sep_token_id, self.cls_token_id = 50, 51
+
+
+def _plm_data(*argv, valid_tokens=1200):
+    from modeling_xl.training.plm import plm_data_from_tokens
+
+    rng = np.random.default_rng(0)
+    args = parse_args(["--objective", "plm", "--preset", "debug", "--tgt_len", "16", "--mem_len", "8", *argv])
+    return plm_data_from_tokens(_WordTokenizer(), rng.integers(0, 50, 3000), rng.integers(0, 50, valid_tokens), args,
+                                num_streams=args.train_batch_size), args
+
+
+def test_plm_batch_of_a_step_does_not_depend_on_max_train_steps():
+    short, _ = _plm_data("--max_train_steps", "8")
+    longer, _ = _plm_data("--max_train_steps", "12")
+    assert len(short.train) == 8 and len(longer.train) == 12
+    for step in range(8):  # a run resumed with a larger --max_train_steps reads the batches of the first run
+        for key, value in short.train.batch(step).items():
+            assert torch.equal(value, longer.train.batch(step)[key]), (step, key)
+    whole, _ = _plm_data("--max_train_steps", "10000")  # past the text: the whole layout, (750 - 16) // 8 + 1 steps
+    assert len(whole.train) == 92 and torch.equal(whole.train.batch(7)["input_ids"], short.train.batch(7)["input_ids"])
+    # row b of step t starts at token t * reuse_len of row b (rows cut from the whole text: 750 tokens each)
+    tokens = np.random.default_rng(0).integers(0, 50, 3000)
+    assert short.train.batch(5)["input_ids"][2, :8].tolist() == tokens[2 * 750 + 40: 2 * 750 + 48].tolist()
+
+
+def test_plm_final_evaluation_reads_the_whole_validation_split():
+    from modeling_xl.training.models import build_config, build_model
+    from modeling_xl.training.plm import plm_evaluate, plm_model_class
+
+    data, args = _plm_data("--max_train_steps", "4", "--max_eval_segments", "2")
+    assert len(data.validation) == (1200 // 4 - 16) // 8 + 1  # every step of every validation row: 36
+    model = build_model(args, build_config(args, 52), plm_model_class())
+    seen = []
+    with mock.patch("modeling_xl.training.plm.plm_step", side_effect=lambda m, batch, mems: (
+            seen.append(model.config.same_length) or (torch.ones(()), batch["target_mask"].sum(), None))):
+        capped = plm_evaluate(model, model.config, data, args, "cpu", max_segments=2, reduce=None)
+        final = plm_evaluate(model, model.config, data, args, "cpu", max_segments=None, reduce=None)
+    assert len(seen) == 2 + 36 and final["eval_tokens"] == 36 / 2 * capped["eval_tokens"]
+    assert set(seen) == {args.eval_same_length} and model.config.same_length is False  # evaluation setting, restored
+
+
+# ---------------------------------------------------------------- model card
+
+def _card(tmp_path, argv, data_info):
+    from modeling_xl.training.publishing import model_card
+
+    args = parse_args(["--preset", "debug", "--output_dir", str(tmp_path), *argv])
+    return model_card(tmp_path, repo_id="someone/tiny-xl", args=args, results={"perplexity": 12.5},
+                      data_info=data_info, wall_time_s=60.0, hardware="1 x cpu")
+
+
+def test_card_of_a_local_dataset_folder_names_it_without_its_path(tmp_path, shared_data):
+    from modeling_xl.training.corpus import describe
+
+    folder = str(shared_data / "wikitext-2") + "/"
+    args = parse_args(["--preset", "debug", "--dataset_name", folder])
+    info = describe(args, folder, _Tokenizer(), {"train": np.zeros(10), "validation": np.zeros(5)})
+    assert info["dataset_name"] == "wikitext-2" and info["hub_dataset"] is None
+    card = _card(tmp_path, ["--dataset_name", folder], info)
+    assert card.data.datasets is None and str(shared_data) not in str(card)
+    assert card.data.eval_results[0].dataset_type == "wikitext-2"
+    hub = describe(parse_args(["--dataset_name", "someone/corpus"]), "someone/corpus", _Tokenizer(),
+                   {"train": np.zeros(10), "validation": np.zeros(5)})
+    assert _card(tmp_path, [], hub).data.datasets == ["someone/corpus"]
+
+
+def test_card_usage_example_tokenizes_the_prompt_without_eos(tmp_path):
+    from tokenization import train_word_level_tokenizer
+
+    card = str(_card(tmp_path, [], {"dataset_name": "custom", "example_prompt": "The"}))
+    line = next(row for row in card.splitlines() if row.startswith("ids = tokenizer("))
+    tokenizer = train_word_level_tokenizer(["The cat sat", "The end"])  # appends <eos> to every text by default
+    namespace = {"tokenizer": tokenizer}
+    exec(line, namespace)  # the card's own line
+    assert namespace["ids"].tolist() == [[tokenizer.convert_tokens_to_ids("The")]]
+
+
+def test_plm_card_counts_reuse_len_new_tokens_per_step(tmp_path):
+    card = str(_card(tmp_path, ["--objective", "plm", "--tgt_len", "16"], {"dataset_name": "custom"}))
+    assert "moves each row 8 tokens further" in card and "count\n8 new tokens per row and step" in card
+
+
+# ---------------------------------------------------------------- scripts
+
+def test_conversion_into_its_own_legacy_folder_is_refused(tmp_path):
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("convert_script", REPO / "scripts" / "convert_transfo_xl.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    legacy = tmp_path / "legacy"
+    shutil.copytree(REPO / "tests" / "fixtures" / "legacy_transfo_xl" / "case_a", legacy)
+    before = {p.name: p.read_bytes() for p in legacy.iterdir()}
+    for out in (str(legacy), str(legacy) + "/", str(tmp_path / "." / "legacy")):
+        with pytest.raises(ValueError, match=r"out_dir=.* is the legacy_dir itself; expected another folder"):
+            script.convert(str(legacy), out)
+    assert {p.name: p.read_bytes() for p in legacy.iterdir()} == before
+    script.convert(str(legacy), str(tmp_path / "converted"))  # another folder still works
+    assert (tmp_path / "converted" / "config.json").is_file()

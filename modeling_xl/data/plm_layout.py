@@ -145,12 +145,15 @@ def plm_layout(
     sentence_ids: np.ndarray | None = None,
     sentence_len: int = 64,
     bi_data: bool = False,
+    max_steps: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Lay a flat token stream out as permutation-LM samples, step-major: sample ``t * batch_size + b`` = row b, step t.
 
     Args:
         stream: 1-D token ids. sentence_ids: same length, value changes at sentence boundaries (default:
-        ``chunk_sentence_ids(len(stream), sentence_len)``). rng: drives the A/B choice.
+        ``chunk_sentence_ids(len(stream), sentence_len)``). rng: drives the A/B choice (drawn step by step, so
+        step t depends only on the stream and steps before it). max_steps: lay out only the first max_steps steps
+        (the rows are still cut from the whole stream, so step t is the same for every max_steps > t).
     Returns (N = num_steps * batch_size):
         input_ids int64 [N, seq_len], token_type_ids int64 [N, seq_len], is_next int64 [N],
         reverse int64 [N] (1 for bi_data backward rows), row int64 [N], step int64 [N].
@@ -178,6 +181,8 @@ def plm_layout(
 
     total_len = seq_len - reuse_len - NUM_SPECIAL_TOKENS
     num_steps = (row_len - seq_len) // reuse_len + 1
+    if max_steps is not None:
+        num_steps = min(num_steps, max_steps)
     boundaries = [sentence_boundaries(row_sentences[b]) for b in range(batch_size)]
     out = {key: [] for key in ("input_ids", "token_type_ids", "is_next", "reverse", "row", "step")}
     for step in range(num_steps):

@@ -314,8 +314,10 @@ def build_plm_dataset(
     sentence_ids: np.ndarray | None = None,
     sentence_len: int = 64,
     bi_data: bool = False,
+    max_steps: int | None = None,
 ) -> "datasets.Dataset":
-    """The laid-out samples of ``plm_layout`` as a ``datasets.Dataset`` (step-major, plus ``example_id``).
+    """The laid-out samples of ``plm_layout`` as a ``datasets.Dataset`` (step-major, plus ``example_id``); with
+    ``max_steps``, only the first max_steps steps (each the same as in the whole layout).
 
     Read it in order, ``DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=PLMCollator(config, seed))``,
     so that batch t holds step t of every row and row b of batch t + 1 continues row b of batch t.
@@ -334,6 +336,7 @@ def build_plm_dataset(
         sentence_ids=sentence_ids,
         sentence_len=sentence_len,
         bi_data=bi_data,
+        max_steps=max_steps,
     )
     layout["example_id"] = np.arange(len(layout["input_ids"]), dtype=np.int64)
     return datasets.Dataset.from_dict({key: value.tolist() for key, value in layout.items()}).with_format("numpy")

@@ -16,12 +16,15 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from ..configuration_transformer_xl import PRESETS, RECIPES
+from .checkpointing import CHECKPOINTS
+from .feedback import LOG_FILE, PLOT_FILE
 
 OBJECTIVES = ("clm", "plm")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
@@ -55,7 +58,7 @@ class PretrainArguments:
     text_column: str = field(default="text", metadata={"help": "column holding the text"})
     tokenizer_name: str | None = field(default=None, metadata={"help": "tokenizer folder; default: the model's, else one trained on the training split"})
     tokenizer_type: str = field(default="word", metadata={"help": "tokenizer trained when none is given: word, char or byte"})
-    tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "maximum vocabulary of a trained tokenizer (default: the preset's vocab_size)"})
+    tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "symbols of a trained word-level tokenizer, special tokens included (default: the preset's vocab_size; fewer when the corpus has fewer words)"})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "processes for tokenization"})
     char_level: bool | None = field(default=None, metadata={"help": "report bits per character (default: True for char/byte tokenizers)"})
     # model
@@ -82,6 +85,7 @@ class PretrainArguments:
     bi_data: bool = field(default=False, metadata={"help": "plm: half of the rows read backwards"})
     # optimisation
     output_dir: str | None = field(default=None, metadata={"help": "where the final model, logs and checkpoints go"})
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "start afresh in an output_dir that holds an earlier run (its checkpoints, log and records are deleted; other files are kept)"})
     train_batch_size: int | None = field(default=None, metadata={"help": "global batch = number of streams (all processes)"})
     per_device_train_batch_size: int | None = field(default=None, metadata={"help": "streams per process (global = this x processes)"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "chunks each process's streams are cut into (one memory each)"})
@@ -143,18 +147,43 @@ def parse_args(argv: list[str] | None = None) -> PretrainArguments:
 
 
 def load_config_file(path: str) -> dict:
-    """Arguments from a YAML/JSON mapping; unknown keys are an error (typos must not be silently ignored)."""
+    """Arguments from a YAML/JSON mapping, converted to each field's type; unknown keys are an error (typos must not
+    be silently ignored). YAML reads `3e-4` as a string and `no` as false: both are converted or named here."""
     if not os.path.isfile(path):
         raise ValueError(f"config={path!r} does not exist; expected a YAML or JSON file of arguments")
     with open(path, encoding="utf-8") as handle:
         values = yaml.safe_load(handle) or {}
     if not isinstance(values, dict):
         raise ValueError(f"config={path!r} holds a {type(values).__name__}; expected a mapping of argument: value")
-    known = {f.name for f in dataclasses.fields(PretrainArguments)}
-    unknown = sorted(set(values) - known)
+    fields = {f.name: f for f in dataclasses.fields(PretrainArguments)}
+    unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"config={path!r} has unknown keys {unknown}; expected names among {sorted(known)}")
-    return values
+        raise ValueError(f"config={path!r} has unknown keys {unknown}; expected names among {sorted(fields)}")
+    return {key: _convert(path, key, value, fields[key].type) for key, value in values.items()}
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "a boolean (true/false)", str: "a string"}
+
+
+def _convert(path: str, key: str, value, annotation):
+    """One value of a config file as the field's type (None only where the field allows it)."""
+    kind = _base_type(annotation)
+    if value is None and "None" in str(annotation):
+        return None
+    try:
+        if kind is bool:
+            return _parse_bool(value)
+        if isinstance(value, bool) or value is None or isinstance(value, (list, dict)):
+            raise ValueError(value)
+        if kind is int:  # `1e5` (a string to YAML) is 100000; 2.5 steps must not silently become 2
+            number = float(value)
+            if not number.is_integer():
+                raise ValueError(value)
+            return int(value) if isinstance(value, int) else int(number)
+        return kind(value)
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        hint = " (YAML reads unquoted yes/no/on/off as booleans: quote the value)" if isinstance(value, bool) else ""
+        raise ValueError(f"config={path!r}: {key}={value!r} is invalid; expected {_TYPE_NAMES[kind]}{hint}") from None
 
 
 def resolve(args: PretrainArguments, explicit: set[str] = frozenset()) -> PretrainArguments:
@@ -203,6 +232,15 @@ def validate(args: PretrainArguments) -> None:
     for name in ("per_device_train_batch_size", "checkpointing_steps", "max_eval_segments", "checkpoints_total_limit"):
         if getattr(args, name) is not None:
             _positive(name, getattr(args, name))
+    if args.tokenizer_vocab_size is not None:
+        specials = ["<eos>", "<unk>"] + (["<sep>", "<cls>"] if args.objective == "plm" else [])
+        value = args.tokenizer_vocab_size
+        if not isinstance(value, int) or isinstance(value, bool) or value < len(specials) + 1:
+            raise ValueError(f"tokenizer_vocab_size={value!r} is invalid; expected an integer >= {len(specials) + 1} "
+                             f"(the special tokens {specials} and at least one word)")
+    if args.overwrite_output_dir and args.resume_from_checkpoint is not None:
+        raise ValueError(f"overwrite_output_dir=True and resume_from_checkpoint={args.resume_from_checkpoint!r} are "
+                         "both set; expected one (overwriting deletes the checkpoints a resume reads)")
     for name in ("mem_len", "eval_mem_len", "num_warmup_steps"):
         if getattr(args, name) < 0:
             raise ValueError(f"{name}={getattr(args, name)} is invalid; expected an integer >= 0")
@@ -250,9 +288,24 @@ def processes_split(args: PretrainArguments, num_processes: int) -> tuple[int, i
     return global_batch, per_process
 
 
-def check_output_dir(path: str) -> Path:
-    """Create the output folder and prove it is writable (before any training time is spent)."""
+# what a pretraining run writes into its output folder besides the final model (which save_pretrained replaces)
+RUN_RECORDS = (CHECKPOINTS, LOG_FILE, "training_config.yaml", "training_config.json", "eval_results.json", PLOT_FILE,
+               "runs")
+
+
+def check_output_dir(path: str, resuming: bool = False, overwrite: bool = False) -> Path:
+    """Create the output folder and prove it is writable (before any training time is spent).
+
+    A folder that holds an earlier run (checkpoints/ or train_log.jsonl) is refused unless this run resumes from a
+    checkpoint or `overwrite` is set: a fresh run there would mix its log with the old one, and pruning would delete
+    its own checkpoints in favour of the old run's higher steps. Nothing is written before that check.
+    """
     out = Path(path)
+    earlier = [name for name in (CHECKPOINTS, LOG_FILE) if (out / name).exists()]
+    if earlier and not resuming and not overwrite:
+        raise ValueError(f"output_dir={path!r} already holds an earlier run ({', '.join(earlier)}); expected an empty "
+                         "or new folder, --resume_from_checkpoint latest to continue that run, or "
+                         "--overwrite_output_dir to start afresh there (deletes its checkpoints and logs)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write_test"
@@ -261,6 +314,22 @@ def check_output_dir(path: str) -> Path:
     except OSError as error:
         raise ValueError(f"output_dir={path!r} is not writable ({error.strerror or error}); expected a folder you can write to") from None
     return out
+
+
+def clear_run_records(folder: Path) -> list[str]:
+    """Delete what an earlier run wrote (`RUN_RECORDS`) for `--overwrite_output_dir`; other files stay. Returns the
+    names deleted."""
+    deleted = []
+    for name in RUN_RECORDS:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        deleted.append(name)
+    return deleted
 
 
 def save_resolved(args: PretrainArguments, folder: Path, extra: dict | None = None) -> None:

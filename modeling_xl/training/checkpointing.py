@@ -99,21 +99,31 @@ def save_checkpoint(accelerator, output_dir, step: int, state: dict, memories: l
     return final
 
 
-def load_checkpoint(accelerator, folder: Path, num_chunks: int, device) -> tuple[dict, list]:
-    """Restore Accelerate's state, this process's memories and RNG; returns (training state dict, memories)."""
-    state = json.loads((Path(folder) / STATE_FILE).read_text())
+def read_training_state(folder) -> dict:
+    """The checkpoint's `training_state.json` (step, layout, data position): read, and checked with
+    `check_compatible`, before anything is written or loaded."""
+    return json.loads((Path(folder) / STATE_FILE).read_text())
+
+
+def load_checkpoint(accelerator, folder: Path, num_chunks: int, device) -> list:
+    """Restore Accelerate's state, this process's memories and RNG; returns the memories (one entry per chunk)."""
     accelerator.load_state(str(folder))
     tensors = load_file(str(Path(folder) / f"memories_rank{accelerator.process_index}.safetensors"))
     torch.set_rng_state(tensors.pop("rng_state"))
-    return state, tensors_to_memories(tensors, num_chunks, device)
+    return tensors_to_memories(tensors, num_chunks, device)
 
 
-def check_compatible(state: dict, layout: dict, folder) -> None:
-    """The memories of a checkpoint only fit the same stream layout; say what differs."""
+def check_compatible(state: dict, layout: dict, folder, max_train_steps: int) -> None:
+    """The memories of a checkpoint only fit the same stream layout, and its step must be one this run reaches;
+    say what differs."""
     for key, value in layout.items():
         if state.get(key) != value:
             raise ValueError(f"resume_from_checkpoint={str(folder)!r} was written with {key}={state.get(key)!r}, "
                              f"this run has {key}={value!r}; expected the same value to continue the streams exactly")
+    if state["step"] > max_train_steps:
+        raise ValueError(f"resume_from_checkpoint={str(folder)!r} is at step {state['step']}, past this run's "
+                         f"max_train_steps={max_train_steps}; expected a checkpoint at or before the last step (or a "
+                         "larger --max_train_steps)")
 
 
 def _prune(output_dir, keep: int | None) -> None:

@@ -8,6 +8,8 @@ before the model is built, so bad input costs seconds, not a training run.
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import numpy as np
 from accelerate import PartialState
@@ -88,10 +90,9 @@ def load_tokenizer(args, corpus):
 
     texts = corpus["train"].data.column(args.text_column)
     if args.tokenizer_type == "word":
-        from tokenization.word_level import train_word_level_tokenizer
-
         vocab_size = args.tokenizer_vocab_size or PRESETS[args.preset]["vocab_size"]
-        return train_word_level_tokenizer(texts, max_size=max(1, vocab_size - 2))  # room for <eos> and <unk>
+        reserved = 2 if args.objective == "plm" else 0  # <sep> and <cls>, added by `add_plm_tokens`
+        return word_level_tokenizer_of_size(texts, vocab_size - reserved)
     if args.tokenizer_type == "char":
         from tokenization.char_level import train_char_level_tokenizer
 
@@ -103,15 +104,43 @@ def load_tokenizer(args, corpus):
     raise ValueError(f"tokenizer_type={args.tokenizer_type!r} is invalid; expected 'word', 'char' or 'byte'")
 
 
+def word_level_tokenizer_of_size(texts, vocab_size: int):
+    """Word-level tokenizer (reference order) of exactly `vocab_size` symbols, <eos> and <unk> included (fewer only
+    when the corpus has fewer distinct words).
+
+    <unk> is counted once: WikiText contains the literal word <unk>, which then keeps its frequency rank; otherwise it
+    is appended after the words. Example, vocab_size 4: "a a a b b <unk> c" -> [<eos>, a, b, <unk>] (<unk> is a word
+    of the corpus); "a a b c" -> [<eos>, a, b, <unk>] (c makes room for the appended <unk>).
+    """
+    from tokenization.word_level import build_vocab, count_words, word_level_tokenizer
+
+    words, counts = count_words(texts)
+    if not words:
+        raise ValueError("the corpus has no words (empty or whitespace only); expected at least one non-empty line")
+    vocab = build_vocab(words, counts, max_size=vocab_size - 1)  # <eos> + words, <unk> among them if the corpus has it
+    if len(vocab) > vocab_size:  # <unk> is not among the kept words and was appended: make room for it
+        vocab = build_vocab(words, counts, max_size=vocab_size - 2)
+    return word_level_tokenizer(vocab)
+
+
 def describe(args, source: str, tokenizer, ids: dict[str, np.ndarray]) -> dict:
     """Facts about the data for logs and the model card."""
+    from ..data.corpora import BUILTIN_NAMES
+
     char_level = args.char_level if args.char_level is not None else args.tokenizer_type in ("char", "byte")
     pretty = {"builtin": "the built-in offline corpus (English prose from the Python standard library's docstrings)"}
+    builtin = source in BUILTIN_NAMES
+    local = not builtin and os.path.exists(source)
+    # a local file or folder is named by its base name (its path says nothing on another machine); only a Hub id
+    # (`wikitext`, `user/name`) is linked from the card's `datasets:` metadata
+    name = Path(source).resolve().name if local else source
+    description = pretty.get(source, f"`{name}`" + (" (local files)" if local else "")
+                             + (f" ({args.dataset_config_name})" if args.dataset_config_name else ""))
     return {
-        "dataset_name": source.split("/")[-1] if "/" in source and not args.dataset_name else source,
-        "dataset_pretty_name": source,
-        "description": pretty.get(source, f"`{source}`" + (f" ({args.dataset_config_name})"
-                                                            if args.dataset_config_name else "")),
+        "dataset_name": name,
+        "dataset_pretty_name": name,
+        "hub_dataset": None if local or builtin else source,
+        "description": description,
         "tokenizer": f"{type(tokenizer).__name__}, {len(tokenizer):,} tokens"
                      + (f" ({args.tokenizer_type} level, trained on the training split)"
                         if not (args.tokenizer_name or args.model_name_or_path) else ""),

@@ -15,8 +15,8 @@ from typing import Callable
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 
-from .arguments import PretrainArguments, check_output_dir, processes_split, save_resolved
-from .checkpointing import check_compatible, load_checkpoint, resolve_checkpoint, save_checkpoint
+from .arguments import PretrainArguments, check_output_dir, clear_run_records, processes_split, save_resolved
+from .checkpointing import check_compatible, load_checkpoint, read_training_state, resolve_checkpoint, save_checkpoint
 from .data import PretrainData, tokenizer_vocab_size
 from .feedback import LOG_FILE, PLOT_FILE, Progress, StepLog, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
@@ -58,9 +58,17 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     (the datasets/tokenizers pipeline). Tests pass their own to train on tiny corpora.
     """
     started = time.perf_counter()
-    output_dir = check_output_dir(args.output_dir)
+    resuming = args.resume_from_checkpoint is not None
+    output_dir = check_output_dir(args.output_dir, resuming=resuming, overwrite=args.overwrite_output_dir)
     accelerator = make_accelerator(args)
     global_batch, per_process = processes_split(args, accelerator.num_processes)
+    layout = {"train_batch_size": global_batch, "num_processes": accelerator.num_processes,
+              "gradient_accumulation_steps": args.gradient_accumulation_steps, "tgt_len": args.tgt_len}
+    resume_from, saved = None, None
+    if resuming:  # checked before anything is written or loaded, on every process
+        resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint)
+        saved = read_training_state(resume_from)
+        check_compatible(saved, layout, resume_from, args.max_train_steps)
     set_seed(args.seed)
     if data_builder is None:
         from .corpus import build_data as data_builder  # the data pipeline (datasets, tokenizers) is only needed here
@@ -70,15 +78,17 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     model = build_model(args, config, objective.model_class)
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer)
-    layout = {"train_batch_size": global_batch, "num_processes": accelerator.num_processes,
-              "gradient_accumulation_steps": args.gradient_accumulation_steps, "tgt_len": args.tgt_len}
-    resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint) if args.resume_from_checkpoint else None
     if accelerator.is_main_process:
+        if args.overwrite_output_dir:  # only now, once every check has passed: bad input must not cost the old run
+            deleted = clear_run_records(output_dir)
+            if deleted:
+                logger.info("overwrite_output_dir: deleted %s of the earlier run in %s", ", ".join(deleted), output_dir)
         save_resolved(args, output_dir, {"resolved_batch": layout, "model_config": config.to_dict()})
+    accelerator.wait_for_everyone()
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     state = RunState(memories=[None] * args.gradient_accumulation_steps)
     if resume_from is not None:
-        restore(accelerator, resume_from, layout, state, args)
+        restore(accelerator, resume_from, saved, state, args)
     if args.with_tracking:
         accelerator.init_trackers("pretrain", config=_flat_hparams(args))
     try:
@@ -96,9 +106,9 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     return results
 
 
-def restore(accelerator, folder, layout: dict, state: RunState, args) -> None:
-    saved, memories = load_checkpoint(accelerator, folder, args.gradient_accumulation_steps, accelerator.device)
-    check_compatible(saved, layout, folder)
+def restore(accelerator, folder, saved: dict, state: RunState, args) -> None:
+    """Load a checkpoint whose training state `saved` already passed `check_compatible`."""
+    memories = load_checkpoint(accelerator, folder, args.gradient_accumulation_steps, accelerator.device)
     state.step, state.tokens_seen = saved["step"], saved["tokens_seen"]
     state.memories, state.eval_history = memories, saved.get("eval_history", [])
     state.last_checkpoint = str(folder)
@@ -108,8 +118,8 @@ def restore(accelerator, folder, layout: dict, state: RunState, args) -> None:
 def train(accelerator, args, model, optimizer, scheduler, data, objective, state: RunState, layout, global_batch):
     """The step loop: train step, log, evaluate every eval_steps, checkpoint every checkpointing_steps."""
     main = accelerator.is_main_process
-    log = StepLog(args.output_dir, enabled=main, resume_step=state.step)
-    tokens_per_step = global_batch * args.tgt_len
+    log = StepLog(args.output_dir, enabled=main, resume_step=state.step if args.resume_from_checkpoint else None)
+    tokens_per_step = global_batch * objective.tokens_per_row  # new text per step (tokens/s and tokens_seen)
     progress = Progress(args.max_train_steps, state.step, tokens_per_step, enabled=main and not args.disable_tqdm)
     if state.step == 0:  # the starting point of the validation curve ("falls well below its start")
         evaluate_and_log(accelerator, args, model, data, objective, state, log, progress)

@@ -20,6 +20,7 @@ class Objective:
     step_fn: Callable  # (model, batch rows, mems) -> (summed NLL, target count, new mems)
     target_count: Callable  # batch -> number of targets in it
     evaluate: Callable  # (model, config, data, args, device, max_segments, reduce) -> metrics dict
+    tokens_per_row: int  # new tokens of its text each row reads per step (counted by tokens/s and tokens_seen)
 
 
 def _clm_targets(batch) -> int:
@@ -38,7 +39,7 @@ def objective_for(args, data) -> Objective:
     if args.objective == "clm":
         from ..modeling_transformer_xl import TransformerXLForCausalLM
 
-        return Objective("clm", TransformerXLForCausalLM, clm_objective, _clm_targets, _clm_evaluate)
+        return Objective("clm", TransformerXLForCausalLM, clm_objective, _clm_targets, _clm_evaluate, args.tgt_len)
     from .plm import plm_objective
 
     return plm_objective(args, data)

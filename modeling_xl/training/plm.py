@@ -8,8 +8,6 @@ memory `cat(mem, h[:, :reuse_len])[-mem_len:]` to the next step (the model compu
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import torch
 
@@ -18,7 +16,6 @@ from ..data.plm_sampling import PLMCollator, PLMSamplingConfig, build_plm_datase
 from .evaluation import perplexity, recurrence_settings
 from .objectives import Objective
 
-logger = logging.getLogger(__name__)
 SPECIAL = {"sep_token": "<sep>", "cls_token": "<cls>"}
 
 
@@ -45,21 +42,18 @@ def add_plm_tokens(tokenizer):
 class PLMStreams:
     """Permutation-LM batches of one process: step t -> rows [r·B/W, (r+1)·B/W) of the layout's step t."""
 
-    def __init__(self, tokens, tokenizer, num_streams, settings, num_processes, process_index, seed, max_steps,
-                 bi_data=False):
+    def __init__(self, tokens, tokenizer, num_streams, settings, num_processes, process_index, seed,
+                 max_steps: int | None = None, bi_data=False):
         sep_id, cls_id = add_plm_tokens(tokenizer)
         self.sampling = PLMSamplingConfig(sep_id=sep_id, cls_id=cls_id, **settings)
         tokens = np.asarray(tokens, dtype=np.int64)
-        rows = num_streams // 2 if bi_data else num_streams
-        # the layout is materialised in memory: keep only the text the run can read (max_steps steps per row)
-        needed = rows * (max_steps * settings["reuse_len"] + settings["seq_len"])
-        if len(tokens) > needed:
-            logger.info("plm: using the first %d of %d tokens (%d steps per row)", needed, len(tokens), max_steps)
-            tokens = tokens[:needed]
         eos = tokenizer.eos_token_id
-        sentences = sentence_ids_from_eos(tokens, eos) if eos is not None else None
+        sentences = sentence_ids_from_eos(tokens, eos).astype(np.int8) if eos is not None else None
+        # The rows are cut from the whole text; only the steps the run reads (max_steps per row) are materialised.
+        # So step t is the same whatever max_steps (> t) is: a run resumed with a larger --max_train_steps reads the
+        # batches of the uninterrupted run, and each memory still belongs to its row.
         self.dataset = build_plm_dataset(tokens, num_streams, self.sampling, seed=seed, sentence_ids=sentences,
-                                         bi_data=bi_data)
+                                         bi_data=bi_data, max_steps=max_steps)
         self.collator = PLMCollator(self.sampling, seed=seed)
         self.num_streams = num_streams
         self.steps_per_epoch = len(self.dataset) // num_streams
@@ -103,7 +97,7 @@ def plm_evaluate(model, config, data, args, device, max_segments, reduce) -> dic
     nll = torch.zeros((), dtype=torch.float64, device=device)
     count = torch.zeros((), dtype=torch.float64, device=device)
     mems = None
-    with recurrence_settings(config, args.eval_mem_len, args.eval_clamp_len, config.same_length):
+    with recurrence_settings(config, args.eval_mem_len, args.eval_clamp_len, args.eval_same_length):
         for index, batch in enumerate(data.validation_batches(device)):
             if max_segments is not None and index >= max_segments:
                 break
@@ -125,7 +119,11 @@ def plm_model_class():
 
 
 def plm_objective(args, data) -> Objective:
-    return Objective("plm", plm_model_class(), plm_step, plm_target_count, plm_evaluate)
+    """Each step moves every row reuse_len tokens further through its text: only the reuse part of a sample is new
+    (its A part is the next step's reuse part, its B part a continuation or a random segment), so tokens/s and
+    tokens_seen count reuse_len per row and step."""
+    return Objective("plm", plm_model_class(), plm_step, plm_target_count, plm_evaluate,
+                     plm_settings(args)["reuse_len"])
 
 
 def plm_config_overrides(args) -> dict:
@@ -137,14 +135,14 @@ def plm_config_overrides(args) -> dict:
 
 def plm_data_from_tokens(tokenizer, train_ids, valid_ids, args, *, num_streams: int, num_processes: int = 1,
                          process_index: int = 0, info: dict | None = None):
-    """PretrainData of permutation-LM samples (validation: fixed samples, capped at max_eval_segments steps)."""
+    """PretrainData of permutation-LM samples: training rows laid out for max_train_steps steps, validation samples
+    (fixed) from the whole split; `--max_eval_segments` caps only the evaluations during training."""
     from .data import PretrainData
 
     settings = plm_settings(args)
     train = PLMStreams(train_ids, tokenizer, num_streams, settings, num_processes, process_index, args.seed,
                        args.max_train_steps, args.bi_data)
-    eval_steps = args.max_eval_segments if args.max_eval_segments is not None else len(valid_ids)
     validation = PLMStreams(valid_ids, tokenizer, num_streams, settings, num_processes, process_index, args.seed + 1,
-                            eval_steps, args.bi_data)
+                            None, args.bi_data)
     facts = {"train_tokens": len(train_ids), "eval_tokens": len(valid_ids), **(info or {})}
     return PretrainData(tokenizer, train, validation, facts)

@@ -60,8 +60,12 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
         raise FileNotFoundError(f"model card template {path} is missing; expected the repository's model_cards/ folder")
     dataset = data_info.get("dataset_name", "custom")
     metric_type, metric_name = ("bpc", "Bits per character") if "bpc" in results else ("perplexity", "Perplexity")
+    reuse_len = None
     if args.objective == "plm":  # exp(NLL per predicted token) under the permutation objective, not a causal LM's
+        from .plm import plm_settings
+
         metric_name = "Permutation-LM perplexity"
+        reuse_len = plm_settings(args)["reuse_len"]
     eval_results = [
         EvalResult(task_type="text-generation", task_name="Language modeling", dataset_type=dataset,
                    dataset_name=data_info.get("dataset_pretty_name", dataset), dataset_split="validation",
@@ -71,7 +75,7 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
         language="en", license="apache-2.0", library_name="transformers", pipeline_tag="text-generation",
         tags=["transformer-xl", "modeling_xl", args.objective], model_name=repo_id.split("/")[-1],
         eval_results=eval_results,
-        datasets=[dataset] if "/" in dataset or dataset in ("wikitext",) else None,
+        datasets=[data_info["hub_dataset"]] if data_info.get("hub_dataset") else None,  # local data: no Hub link
     )
     global_batch = data_info.get("train_batch_size", args.train_batch_size)
     hyperparameters = [("preset", args.preset), ("objective", args.objective), ("train_batch_size (streams)", global_batch)]
@@ -98,6 +102,7 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
         train_tokens=f"{data_info.get('train_tokens', 0):,}", eval_tokens=f"{data_info.get('eval_tokens', 0):,}",
         tokenizer_description=data_info.get("tokenizer", "see tokenizer files"),
         hp=args, global_batch=global_batch, hyperparameters=hyperparameters, results=shown,
+        reuse_len=reuse_len,
         metric_description="bits per character" if metric_type == "bpc" else "perplexity = exp(total NLL / tokens)",
         scale_note=("Trained for a few minutes on a small corpus: its perplexity is far from the paper's "
                     "WikiText-103 (24.0 base) or enwik8 (0.99 bpc) figures." if args.preset in ("tiny", "debug")
