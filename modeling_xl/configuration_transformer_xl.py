@@ -149,6 +149,21 @@ class TransformerXLConfig(PreTrainedConfig):
         self.validate_architecture()
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """As in transformers, plus the config.json of a legacy transformers-4.x Transformer-XL checkpoint (model_type
+        "transfo-xl"), converted (`legacy_conversion.convert_config`) with the keyword arguments as overrides."""
+        config_dict, unused = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type") != "transfo-xl":
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        from .legacy_conversion import convert_config
+
+        return_unused = unused.pop("return_unused_kwargs", False)
+        for name in ("dtype", "torch_dtype", "trust_remote_code", "_from_auto", "_from_pipeline"):
+            unused.pop(name, None)
+        config = convert_config(config_dict, **unused)
+        return (config, {}) if return_unused else config
+
+    @classmethod
     def from_preset(cls, name: str, **overrides) -> "TransformerXLConfig":
         """A config with a named preset's hyperparameters (`debug`, `tiny`, `wt103-base`, ...), then `overrides`."""
         if name not in PRESETS:

@@ -12,8 +12,11 @@ import os
 import re
 
 import torch
+from transformers.utils import logging
 
 from .configuration_transformer_xl import TransformerXLConfig
+
+logger = logging.get_logger(__name__)
 
 LEGACY_MODEL_TYPE = "transfo-xl"
 
@@ -85,8 +88,8 @@ def convert_config(legacy: dict, **overrides) -> TransformerXLConfig:
     )
     if fields["clamp_len"] < 0:
         fields["clamp_len"] = -1
-    known = TransformerXLConfig().to_dict()
-    unknown = sorted(set(overrides) - set(fields) - set(known))
+    known = {*TransformerXLConfig().to_dict(), "num_labels"}  # num_labels: a PreTrainedConfig argument (id2label)
+    unknown = sorted(set(overrides) - set(fields) - known)
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not a TransformerXLConfig field; expected config fields as keyword "
                          "arguments when loading a legacy Transformer-XL checkpoint")
@@ -155,10 +158,16 @@ def load_legacy_model(cls, config_path: str, weights_path: str, dtype: torch.dty
     model = cls(config)
     is_backbone = not hasattr(model, "transformer")
     prefix = "transformer." if is_backbone else ""
-    expected = {prefix + k: v.shape for k, v in model.state_dict().items()}
+    shapes = {prefix + k: v.shape for k, v in model.state_dict().items()}
+    # what a legacy checkpoint holds: the backbone, and the softmax where the model has one (not a classifier's head)
+    expected = {k: v for k, v in shapes.items() if k.startswith(("transformer.", "lm_head."))}
+    new_head = sorted(set(shapes) - set(expected))
     tied = getattr(model, "all_tied_weights_keys", {}) or {}
     converted = convert_state_dict(read_legacy_weights(weights_path), expected, tied,
-                                   skip_prefixes=("lm_head.",) if is_backbone else ())
+                                   skip_prefixes=() if hasattr(model, "lm_head") else ("lm_head.",))
+    if new_head:
+        logger.warning("%s: a legacy Transformer-XL checkpoint has no weights for %s; they are newly initialised "
+                       "(train them before use)", cls.__name__, ", ".join(new_head))
     model.load_state_dict({k[len(prefix):]: v for k, v in converted.items()}, strict=False)
     model.tie_weights()
     if dtype is not None:

@@ -95,6 +95,21 @@ def test_legacy_checkpoint_takes_config_overrides():
         TransformerXLForCausalLM.from_pretrained(FIXTURES / "case_a", memlen=3)
 
 
+def test_legacy_checkpoint_as_classifier_and_config():
+    """A classifier takes a legacy checkpoint's backbone (its head is new, with a warning), and TransformerXLConfig
+    reads a legacy config.json (converted, with overrides)."""
+    from modeling_xl import TransformerXLConfig, TransformerXLForSequenceClassification
+
+    classifier = TransformerXLForSequenceClassification.from_pretrained(FIXTURES / "case_a", num_labels=2).eval()
+    lm = TransformerXLForCausalLM.from_pretrained(FIXTURES / "case_a")
+    x = torch.randint(0, lm.config.vocab_size, (2, 5))
+    assert classifier.config.num_labels == 2 and classifier(x).logits.shape == (2, 2)
+    torch.testing.assert_close(classifier.transformer(x).last_hidden_state, lm.transformer(x).last_hidden_state,
+                               rtol=0, atol=0)
+    config = TransformerXLConfig.from_pretrained(FIXTURES / "case_a", mem_len=9)
+    assert config.mem_len == 9 and config.to_dict() == {**lm.config.to_dict(), "mem_len": 9}
+
+
 def test_every_legacy_key_has_a_name_and_unknown_keys_raise():
     for case in CASES:
         meta = json.loads((FIXTURES / case / "expected.json").read_text())
