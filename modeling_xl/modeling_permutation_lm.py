@@ -33,6 +33,7 @@ from .modeling_transformer_xl import (
     TransformerXLPreTrainedModel,
     check_inputs,
     complete_auto_map,
+    memory_like,
     update_memory,
 )
 from .relative_attention import relative_positions, sinusoid_table
@@ -206,6 +207,7 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
         mlen = 0 if mems is None else mems[0].size(1)
 
         h = tied_embedding(self.word_emb, input_ids, table_gradient) if inputs_embeds is None else inputs_embeds
+        mems = memory_like(mems, h)
         content, query = self.streams(perm_mask, attention_mask, token_type_ids, target_mapping, batch, qlen, mlen,
                                       h.device)
         g = None if target_mapping is None else self.drop(self.mask_emb.expand(batch, target_mapping.size(1), -1))

@@ -100,6 +100,14 @@ def with_key_padding(mask: torch.Tensor, attention_mask: torch.Tensor, mlen: int
     return (mask[None] | padding)[:, None]  # [B, 1, T, K]
 
 
+def memory_like(mems: tuple[torch.Tensor, ...] | None, h: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """The memory in the hidden states' dtype (memory is detached state: one written by a float32 run can continue a
+    bfloat16 model, and the other way round)."""
+    if mems is None or mems[0].dtype == h.dtype:
+        return mems
+    return tuple(m.to(h.dtype) for m in mems)
+
+
 def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) -> tuple[int, int]:
     """Validate the backbone inputs; returns (B, T). Errors name the argument, the value and what was expected."""
     if (input_ids is None) == (inputs_embeds is None):
@@ -394,6 +402,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         else:  # table_gradient only for our AdaptiveEmbedding (a module set with set_input_embeddings takes ids only)
             h = self.word_emb(input_ids) if table_gradient is None else self.word_emb(input_ids, table_gradient)
         mlen = 0 if mems is None else mems[0].size(1)
+        mems = memory_like(mems, h)
         mask = causal_mask(qlen, mlen, cfg.same_length, cfg.mem_len, device=h.device)
         if attention_mask is not None:
             mask = with_key_padding(mask, attention_mask, mlen)

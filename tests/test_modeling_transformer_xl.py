@@ -233,6 +233,18 @@ def test_resize_token_embeddings_keeps_every_kept_token(overrides, tmp_path):
         model_for(**overrides).resize_token_embeddings(too_small)
 
 
+def test_memory_of_another_dtype_continues_the_model():
+    """Memory is detached state: float32 memory continues a bfloat16 model (and the reverse) as that model's own."""
+    model = model_for()
+    x = torch.randint(0, 97, (2, 5))
+    mems = model(x).mems
+    half = model_for().to(torch.bfloat16)
+    half.load_state_dict(model.state_dict())
+    own = tuple(m.to(torch.bfloat16) for m in mems)
+    assert torch.equal(half(x, mems=mems).logits, half(x, mems=own).logits)
+    assert torch.equal(model(x, mems=own).logits, model(x, mems=tuple(m.float() for m in own)).logits)
+
+
 @pytest.mark.parametrize("make_kwargs,match", [
     (lambda x, m: dict(input_ids=x + 200), "input_ids contains 2"),
     (lambda x, m: dict(input_ids=x - 100), "input_ids contains -"),
