@@ -8,7 +8,9 @@
         --text_column sentence --label_column label --output_dir outputs/tiny-sst2             # local files
 
 `--from_scratch` trains the same architecture from random weights (the baseline); `--compare_with RUN_DIR` puts that
-run's dev scores beside this one's in the model card. Library: `modeling_xl.training.classification`.
+run's dev scores beside this one's in the model card. `--checkpointing_steps N` writes `checkpoint-N/` folders;
+`--resume_from_checkpoint latest` (or a folder) continues such a run exactly; `--overwrite_output_dir` starts afresh in
+a folder that holds an earlier run. Library: `modeling_xl.training.classification`.
 """
 
 import argparse

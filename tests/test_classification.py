@@ -427,3 +427,112 @@ def test_offline_metric_modules_match_definitions():
     f1 = evaluate.load(str(METRICS_DIR / "f1"))
     # per class F1: class 0: 1.0, class 1: 2/3, class 2: 2/3 -> macro 7/9
     assert f1.compute(predictions=[0, 1, 2, 2], references=[0, 1, 1, 2], average="macro")["f1"] == pytest.approx(7 / 9)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"max_length": 0}, r"max_length=0 is invalid; expected a positive integer"),
+    ({"max_length": -5}, r"max_length=-5 is invalid; expected a positive integer"),
+    ({"per_device_train_batch_size": 0}, r"per_device_train_batch_size=0 is invalid; expected a positive integer"),
+    ({"overwrite_output_dir": True, "resume_from_checkpoint": "latest"}, r"overwrite_output_dir=True and "
+     r"resume_from_checkpoint='latest' are both set; expected one"),
+])
+def test_finetuning_bad_arguments_are_named_before_anything_is_written(tmp_path, lm_checkpoint, overrides, match):
+    from modeling_xl.training.classification import run_finetuning
+
+    with pytest.raises(ValueError, match=match):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, **overrides))
+    assert not (tmp_path / "out").exists()
+
+
+def step_losses(out) -> dict[int, float]:
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def test_finetuning_resumed_from_a_checkpoint_trains_on_the_same_batches(tmp_path, lm_checkpoint, one_thread):
+    """4 batches per epoch, a checkpoint at step 6 (in the middle of the second epoch), dropout on: the resumed run
+    logs the losses of the uninterrupted one. A new run in a folder with checkpoints is refused unless it overwrites."""
+    import shutil
+
+    from modeling_xl.training.classification import run_finetuning
+
+    run = dict(max_train_samples=64, max_train_steps=10, checkpointing_steps=6, eval_steps=5)
+    first = run_finetuning(finetune_args(tmp_path, lm_checkpoint, **run))
+    out, resumed = tmp_path / "out", tmp_path / "resumed"
+    shutil.copytree(out / "checkpoint-6", resumed / "checkpoint-6")
+    second = run_finetuning(finetune_args(tmp_path, lm_checkpoint, **run, output_dir=str(resumed),
+                                          resume_from_checkpoint="latest"))
+    uninterrupted, continued = step_losses(out), step_losses(resumed)
+    assert sorted(continued) == [7, 8, 9, 10]
+    for step in continued:
+        assert continued[step] == pytest.approx(uninterrupted[step], rel=1e-6, abs=1e-7), step
+    assert second["dev"] == pytest.approx(first["dev"], rel=1e-6)
+    assert [h["step"] for h in second["history"]] == [5, 10] and second["train_steps"] == 10
+    with pytest.raises(ValueError, match=r"output_dir=.* already holds an earlier run \(checkpoint-6, train_log.jsonl, "
+                                         r"classification_results.json\); expected .*--overwrite_output_dir"):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, **run))
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint=.*checkpoint-6' was written with seed=42, this run "
+                                         r"has seed=7"):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, **run, seed=7, resume_from_checkpoint="latest"))
+    (out / "notes.txt").write_text("the user's own file")
+    run_finetuning(finetune_args(tmp_path, lm_checkpoint, **{**run, "checkpointing_steps": 4, "max_train_steps": 4},
+                                 overwrite_output_dir=True))
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]
+    assert sorted(step_losses(out)) == [1, 2, 3, 4] and (out / "notes.txt").exists()
+
+
+TWO_PROCESS_EVAL = textwrap.dedent("""
+    import json, sys
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from modeling_xl import TransformerXLConfig, TransformerXLForSequenceClassification
+    from modeling_xl.training.classification import build_metrics, evaluate_model, left_pad_collate
+
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = TransformerXLForSequenceClassification(TransformerXLConfig.from_preset("debug", num_labels=2))
+    generator = torch.Generator().manual_seed(1)  # 13 examples of different lengths: the last batch is uneven
+    dev = [{"input_ids": torch.randint(1, 97, (int(n),), generator=generator).tolist(), "labels": i % 2}
+           for i, n in enumerate(torch.randint(2, 9, (13,), generator=generator))]
+    loader = accelerator.prepare(DataLoader(dev, batch_size=4, collate_fn=left_pad_collate(0)))
+    metrics, kwargs = build_metrics(2)
+    result = evaluate_model(accelerator, accelerator.prepare(model), loader, metrics, kwargs)
+    with open(f"{sys.argv[1]}/rank{accelerator.process_index}.json", "w") as handle:
+        json.dump(result, handle)
+""")
+
+
+def test_dev_loss_of_two_processes_is_the_loss_over_the_whole_dev_set(tmp_path):
+    import socket
+
+    from modeling_xl.training.classification import build_metrics, evaluate_model, left_pad_collate
+
+    (tmp_path / "driver.py").write_text(TWO_PROCESS_EVAL)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+               str(port), str(tmp_path / "driver.py"), str(tmp_path)]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    # the same whole-set numbers in one process, and the mean of the per-example losses by hand
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(0)
+    model = TransformerXLForSequenceClassification(TransformerXLConfig.from_preset("debug", num_labels=2)).eval()
+    generator = torch.Generator().manual_seed(1)
+    dev = [{"input_ids": torch.randint(1, 97, (int(n),), generator=generator).tolist(), "labels": i % 2}
+           for i, n in enumerate(torch.randint(2, 9, (13,), generator=generator))]
+    with torch.no_grad():
+        by_hand = sum(float(model(torch.tensor([e["input_ids"]]), labels=torch.tensor([e["labels"]])).loss)
+                      for e in dev) / len(dev)
+    one = evaluate_model(Accelerator(cpu=True), model, DataLoader(dev, batch_size=4, collate_fn=left_pad_collate(0)),
+                         *build_metrics(2))
+    assert one["eval_loss"] == pytest.approx(by_hand, rel=1e-5)
+    for result in ranks:
+        assert result == pytest.approx(one, rel=1e-5)

@@ -3,6 +3,7 @@
 import copy
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 from unittest import mock
@@ -146,6 +147,56 @@ def test_incompatible_resume_is_refused_before_anything_is_written_or_loaded(tmp
                                    "--resume_from_checkpoint", "latest"), builder)
     load_state.assert_not_called()
     assert folder_contents(out) == before  # training_config.yaml/.json still describe the run that wrote them
+
+
+def builder_with(characters: int = 20_000, extra_symbol: str = ""):
+    """`builder` on the first `characters` of the corpus (training stream: all but the last 2,000 tokens), with
+    `extra_symbol` added to the tokenizer's vocabulary."""
+    def build(args, rank, world, per_process):
+        text = CORPUS.read_text()[:characters]
+        tokenizer = char_tokenizer(text + extra_symbol)
+        ids = tokenizer(text)["input_ids"]
+        return data_from_tokens(tokenizer, ids[:-2000], ids[-2000:], num_streams=per_process * world,
+                                tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
+                                process_index=rank, info={"char_level": True, "dataset_name": "tinyshakespeare"})
+
+    return build
+
+
+@pytest.mark.parametrize("changed, message", [
+    (builder_with(characters=20_500), "train_tokens=18000, this run's training data has train_tokens=18500"),
+    (builder_with(extra_symbol="\u00a7"), r"tokenizer_vocab_size=\d+, this run's training data has tokenizer_vocab_size"),
+])
+def test_resume_on_another_training_stream_is_refused_and_older_checkpoints_still_resume(tmp_path, changed, message):
+    out = tmp_path / "out"
+    run_pretraining(debug_args(out, "--max_train_steps", "4", "--checkpointing_steps", "2"), builder)
+    before = folder_contents(out)
+    with mock.patch.object(Accelerator, "load_state") as load_state, \
+            pytest.raises(ValueError, match=r"resume_from_checkpoint=.*step_0000004' was written with " + message):
+        run_pretraining(debug_args(out, "--max_train_steps", "6", "--resume_from_checkpoint", "latest"), changed)
+    load_state.assert_not_called()
+    assert folder_contents(out) == before
+    # a checkpoint written before the stream was recorded has no such fields: it still resumes
+    state_file = list_checkpoints(out)[-1] / "training_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["train_tokens"] == 18_000 and state["tokenizer_vocab_size"] > 2
+    state_file.write_text(json.dumps({k: v for k, v in state.items()
+                                      if k not in ("train_tokens", "tokenizer_vocab_size", "elapsed_seconds")}))
+    run_pretraining(debug_args(out, "--max_train_steps", "6", "--resume_from_checkpoint", "latest"), builder)
+    assert [r["step"] for r in log_records(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+
+
+def test_card_wall_time_of_a_resumed_run_counts_the_time_before_the_checkpoint(tmp_path):
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    run_pretraining(debug_args(first, "--max_train_steps", "4", "--checkpointing_steps", "2"), builder)
+    state = json.loads((first / "checkpoints" / "step_0000002" / "training_state.json").read_text())
+    assert 0 < state["elapsed_seconds"] < 600
+    shutil.copytree(first / "checkpoints" / "step_0000002", resumed / "checkpoints" / "step_0000002")
+    state_file = resumed / "checkpoints" / "step_0000002" / "training_state.json"
+    state_file.write_text(json.dumps({**state, "elapsed_seconds": 6000.0}))  # as if the first part took 100 minutes
+    run_pretraining(debug_args(resumed, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), builder)
+    minutes = float(re.search(r"in (\d+\.\d) minutes on", (resumed / "README.md").read_text()).group(1))
+    assert 100.0 <= minutes < 110.0
 
 
 # ---------------------------------------------------------------- permutation LM: resume with more steps

@@ -293,15 +293,19 @@ RUN_RECORDS = (CHECKPOINTS, LOG_FILE, "training_config.yaml", "training_config.j
                "runs")
 
 
-def check_output_dir(path: str, resuming: bool = False, overwrite: bool = False) -> Path:
+def check_output_dir(path: str, resuming: bool = False, overwrite: bool = False, earlier_run=None) -> Path:
     """Create the output folder and prove it is writable (before any training time is spent).
 
-    A folder that holds an earlier run (checkpoints/ or train_log.jsonl) is refused unless this run resumes from a
-    checkpoint or `overwrite` is set: a fresh run there would mix its log with the old one, and pruning would delete
-    its own checkpoints in favour of the old run's higher steps. Nothing is written before that check.
+    A folder that holds an earlier run (pretraining: checkpoints/ or train_log.jsonl; other runs pass
+    `earlier_run(folder)` -> the names that mark one) is refused unless this run resumes from a checkpoint or
+    `overwrite` is set: a fresh run there would mix its log with the old one, and pruning would delete its own
+    checkpoints in favour of the old run's higher steps. Nothing is written before that check.
     """
     out = Path(path)
-    earlier = [name for name in (CHECKPOINTS, LOG_FILE) if (out / name).exists()]
+    if earlier_run is None:
+        earlier = [name for name in (CHECKPOINTS, LOG_FILE) if (out / name).exists()]
+    else:
+        earlier = earlier_run(out) if out.is_dir() else []
     if earlier and not resuming and not overwrite:
         raise ValueError(f"output_dir={path!r} already holds an earlier run ({', '.join(earlier)}); expected an empty "
                          "or new folder, --resume_from_checkpoint latest to continue that run, or "
@@ -316,11 +320,11 @@ def check_output_dir(path: str, resuming: bool = False, overwrite: bool = False)
     return out
 
 
-def clear_run_records(folder: Path) -> list[str]:
-    """Delete what an earlier run wrote (`RUN_RECORDS`) for `--overwrite_output_dir`; other files stay. Returns the
-    names deleted."""
+def clear_run_records(folder: Path, names=RUN_RECORDS) -> list[str]:
+    """Delete what an earlier run wrote (`names`, default a pretraining run's `RUN_RECORDS`) for
+    `--overwrite_output_dir`; other files stay. Returns the names deleted."""
     deleted = []
-    for name in RUN_RECORDS:
+    for name in names:
         path = folder / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

@@ -2,7 +2,8 @@
 
 A checkpoint is a folder `<output_dir>/checkpoints/step_NNNNNNN/` holding
 - Accelerate's state (model weights as safetensors, optimizer, scheduler, per-process RNG, grad scaler);
-- `training_state.json`: step, data position (segments consumed), tokens seen, the batch layout it was written with;
+- `training_state.json`: step, data position (segments consumed), tokens seen, the batch layout it was written with,
+  what identifies the training stream (`train_tokens`, `tokenizer_vocab_size`) and the training time so far;
 - `memories_rank{r}.safetensors`: process r's memories, one per accumulation chunk (`chunk{c}.layer{l}`), and its
   torch RNG state (restored after Accelerate's, so dropout continues exactly).
 It is written into `.tmp_step_NNNNNNN/` and renamed into place only when complete (`os.replace` is atomic on one
@@ -124,6 +125,17 @@ def check_compatible(state: dict, layout: dict, folder, max_train_steps: int) ->
         raise ValueError(f"resume_from_checkpoint={str(folder)!r} is at step {state['step']}, past this run's "
                          f"max_train_steps={max_train_steps}; expected a checkpoint at or before the last step (or a "
                          "larger --max_train_steps)")
+
+
+def check_same_stream(state: dict, stream: dict, folder) -> None:
+    """The memories and the data position of a checkpoint belong to one token stream: a changed corpus (another file,
+    an edited file) or another tokenizer gives a different `train_tokens` or `tokenizer_vocab_size`. Checkpoints
+    written before these fields were stored carry neither and are not checked."""
+    for key, value in stream.items():
+        if key in state and state[key] != value:
+            raise ValueError(f"resume_from_checkpoint={str(folder)!r} was written with {key}={state[key]!r}, this "
+                             f"run's training data has {key}={value!r}; expected the same corpus and tokenizer as the "
+                             "run that wrote it (the memories and data position belong to its token stream)")
 
 
 def _prune(output_dir, keep: int | None) -> None:

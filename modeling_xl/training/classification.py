@@ -5,7 +5,9 @@ Data: a Hub dataset by name (e.g. `glue` / `sst2`, through `datasets.load_datase
 `text_column` / `label_column`. Labels are mapped to ids from the training split (sorted), and every evaluation label
 must be one of them. Texts are tokenized with the checkpoint's tokenizer (`<eos>` ends each text, the Transformer-XL
 counterpart of XLNet's final `<cls>`) and left-padded per batch, so "last" pooling reads the final token.
-Metrics go through `evaluate` with the offline modules of `modeling_xl/metrics` (accuracy, F1).
+Metrics go through `evaluate` with the offline modules of `modeling_xl/metrics` (accuracy, F1); the dev loss is the
+mean over every dev example, whatever the number of processes. Checkpoints (`checkpoint-N/`) resume exactly (see
+`finetune_checkpoints`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ from pathlib import Path
 
 import datasets
 import torch
+import torch.nn.functional as F
 
+from .arguments import _positive, check_output_dir, clear_run_records
+from .feedback import StepLog
+from .finetune_checkpoints import (check_compatible, earlier_run, epoch_start_rng, read_epoch_rng,
+                                   read_training_state, resolve_checkpoint, save_checkpoint, set_rng)
 from .teardown import end_run
 
 logger = logging.getLogger(__name__)
@@ -55,9 +62,25 @@ class FinetuneArguments:
     max_train_samples: int | None = None
     eval_steps: int | None = None
     checkpointing_steps: int | None = None
+    resume_from_checkpoint: str | None = None  # a checkpoint-N folder or 'latest' (the newest in output_dir)
+    overwrite_output_dir: bool = False  # start afresh in a folder holding an earlier run (its checkpoints go)
     seed: int = 42
     compare_with: str | None = None
     disable_tqdm: bool = False
+
+
+def validate(args: FinetuneArguments) -> None:
+    """Argument-level checks, before anything is read or written: ValueError naming argument, value, expectation."""
+    for name in ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs"):
+        _positive(name, getattr(args, name))
+    for name in ("max_train_steps", "max_train_samples", "eval_steps", "checkpointing_steps"):
+        if getattr(args, name) is not None:
+            _positive(name, getattr(args, name))
+    if args.num_warmup_steps < 0:
+        raise ValueError(f"num_warmup_steps={args.num_warmup_steps} is invalid; expected an integer >= 0")
+    if args.overwrite_output_dir and args.resume_from_checkpoint is not None:
+        raise ValueError(f"overwrite_output_dir=True and resume_from_checkpoint={args.resume_from_checkpoint!r} are "
+                         "both set; expected one (overwriting deletes the checkpoints a resume reads)")
 
 
 def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
@@ -168,26 +191,39 @@ def build_model(args: FinetuneArguments, mapping: dict):
 
 @torch.no_grad()
 def evaluate_model(accelerator, model, dataloader, metrics, metric_kwargs) -> dict:
+    """Accuracy/F1 and `eval_loss` over the whole dev set: predictions, labels and per-example losses are gathered
+    from every process (`gather_for_metrics` drops the examples repeated to even out the last batch), so every
+    process returns the same numbers."""
     model.eval()
     total_loss, count = 0.0, 0
     for batch in dataloader:
         out = model(**batch)
-        predictions, references = accelerator.gather_for_metrics((out.logits.argmax(-1), batch["labels"]))
+        # per example, the model's own loss (single-label cross-entropy: the labels are class ids, see label_mapping)
+        losses = F.cross_entropy(out.logits.float(), batch["labels"], reduction="none")
+        predictions, references, losses = accelerator.gather_for_metrics(
+            (out.logits.argmax(-1), batch["labels"], losses))
         metrics.add_batch(predictions=predictions.cpu(), references=references.cpu())
-        total_loss += float(out.loss) * len(batch["labels"])
-        count += len(batch["labels"])
+        total_loss += float(losses.double().sum())
+        count += len(losses)
     model.train()
     return {**{k: float(v) for k, v in metrics.compute(**metric_kwargs).items()}, "eval_loss": total_loss / count}
 
 
 def run_finetuning(args: FinetuneArguments) -> dict:
-    """Fine-tune, evaluate on the dev split, save model + tokenizer + results + model card; returns the results."""
+    """Fine-tune, evaluate on the dev split, save model + tokenizer + results + model card; returns the results.
+
+    Every check that can fail on bad input (arguments, output folder, data, the checkpoint to resume) runs before
+    anything is written or any weights are loaded."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
-    from tqdm.auto import tqdm
     from transformers import AutoTokenizer, get_scheduler
 
+    validate(args)
+    resuming = args.resume_from_checkpoint is not None
+    output_dir = check_output_dir(args.output_dir, resuming=resuming, overwrite=args.overwrite_output_dir,
+                                  earlier_run=lambda folder: earlier_run(folder, RESULTS_FILE))
+    resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint) if resuming else None
     accelerator = Accelerator()
     set_seed(args.seed)
     raw = load_raw_datasets(args)
@@ -198,43 +234,43 @@ def run_finetuning(args: FinetuneArguments) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     with accelerator.main_process_first():
         train, dev = (tokenize_split(raw[split], tokenizer, args, mapping) for split in ("train", "validation"))
-    model = build_model(args, mapping)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model.config.pad_token_id or 0)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _config_pad_id(args)
     collate = left_pad_collate(pad_id)
     train_loader = DataLoader(train, shuffle=True, batch_size=args.per_device_train_batch_size, collate_fn=collate)
     dev_loader = DataLoader(dev, batch_size=args.per_device_eval_batch_size, collate_fn=collate)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    train_loader, dev_loader = accelerator.prepare(train_loader, dev_loader)  # sharded over the processes
     max_steps = args.max_train_steps or args.num_train_epochs * len(train_loader)
-    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=args.num_warmup_steps,
-                              num_training_steps=max_steps)
-    model, optimizer, train_loader, dev_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, dev_loader, scheduler)
+    layout = {"num_processes": accelerator.num_processes, "per_device_train_batch_size":
+              args.per_device_train_batch_size, "num_train_examples": len(train), "seed": args.seed}
+    saved = None
+    if resume_from is not None:  # before the model is loaded or anything is written
+        saved = read_training_state(resume_from)
+        check_compatible(saved, layout, resume_from, max_steps)
+    model = build_model(args, mapping)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    # the prepared scheduler steps once per process at every optimizer step (Accelerate's convention)
+    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
+                              num_training_steps=max_steps * accelerator.num_processes)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if accelerator.is_main_process and args.overwrite_output_dir:  # only once every check has passed
+        deleted = clear_run_records(output_dir, earlier_run(output_dir, RESULTS_FILE))
+        if deleted:
+            logger.info("overwrite_output_dir: deleted %s of the earlier run in %s", ", ".join(deleted), output_dir)
+    accelerator.wait_for_everyone()
+    history, step, seconds_before, epoch_rng = [], 0, 0.0, None
+    if saved is not None:
+        accelerator.load_state(str(resume_from))  # weights, optimizer, scheduler, every process's RNG
+        history, step, seconds_before = saved["history"], saved["step"], saved["train_seconds"]
+        epoch_rng = read_epoch_rng(resume_from, accelerator.process_index)
+        logger.info("resumed from %s at step %d", resume_from, step)
     metrics, metric_kwargs = build_metrics(len(mapping))
-
-    history, step, start = [], 0, time.perf_counter()
-    progress = tqdm(total=max_steps, disable=args.disable_tqdm or not accelerator.is_local_main_process,
-                    desc="fine-tuning")
-    model.train()
-    while step < max_steps and not _out_of_time(args, start):
-        for batch in train_loader:
-            loss = model(**batch).loss
-            accelerator.backward(loss)
-            accelerator.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            step += 1
-            progress.update(1)
-            progress.set_postfix(loss=f"{loss.item():.4f}")
-            if args.eval_steps and step % args.eval_steps == 0:
-                history.append({"step": step, **evaluate_model(accelerator, model, dev_loader, metrics,
-                                                               metric_kwargs)})
-                logger.info("step %d: %s", step, history[-1])
-            if args.checkpointing_steps and step % args.checkpointing_steps == 0:
-                accelerator.save_state(str(Path(args.output_dir, f"checkpoint-{step}")))
-            if step >= max_steps or _out_of_time(args, start):
-                break
-    progress.close()
+    log = StepLog(output_dir, enabled=accelerator.is_main_process, resume_step=step if resuming else None)
+    start = time.perf_counter() - seconds_before  # the training time before a resume counts too
+    step = train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps, step, epoch_rng, start,
+                      log, lambda at: evaluate_and_log(accelerator, model, dev_loader, metrics, metric_kwargs, history, log,
+                                                  at),
+                      lambda at, rng: save_checkpoint(accelerator, output_dir, at, {
+                          **layout, "history": history, "train_seconds": time.perf_counter() - start}, rng))
     train_seconds = time.perf_counter() - start
     final = evaluate_model(accelerator, model, dev_loader, metrics, metric_kwargs)
     results = {"dev": final, "history": history, "train_steps": step, "train_seconds": train_seconds,
@@ -244,10 +280,73 @@ def run_finetuning(args: FinetuneArguments) -> dict:
                "args": asdict(args)}
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        log.write({"step": step, **final})
         save_outputs(accelerator.unwrap_model(model), tokenizer, args, results)
     del model, optimizer, train_loader, dev_loader, scheduler  # the prepared wrappers go first (see `end_run`)
     end_run(accelerator)
     return results
+
+
+def train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps: int, step: int,
+               epoch_rng: dict | None, start: float, log: StepLog, evaluate, checkpoint) -> int:
+    """Optimizer steps from `step` to `max_steps` (or `max_train_time`), each logged to `log`; `evaluate(step)` every
+    eval_steps and `checkpoint(step, epoch_rng)` every checkpointing_steps. Returns the steps done.
+
+    An epoch's shuffled order is drawn from the RNG when its iterator starts; `epoch_rng` holds those states. A run
+    resumed in the middle of an epoch (`epoch_rng` from the checkpoint) draws the order again from them, skips the
+    batches already read, and goes on with the checkpoint's own RNG state: the batches and dropout masks of an
+    uninterrupted run."""
+    from tqdm.auto import tqdm
+
+    progress = tqdm(total=max_steps, initial=step, desc="fine-tuning",
+                    disable=args.disable_tqdm or not accelerator.is_local_main_process)
+    model.train()
+    while step < max_steps and not _out_of_time(args, start):
+        done = step % len(train_loader)  # batches of this epoch already read (by the run that was resumed)
+        resumed_rng = epoch_start_rng(train_loader)
+        if done:
+            set_rng(train_loader, epoch_rng)
+        else:
+            epoch_rng = resumed_rng
+        batches = iter(train_loader)
+        for _ in range(done):
+            next(batches)
+        if done:
+            set_rng(train_loader, resumed_rng)
+        for batch in batches:
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            step += 1
+            mean_loss = float(accelerator.reduce(loss.detach(), reduction="mean"))  # over every process's batch
+            progress.update(1)
+            progress.set_postfix(loss=f"{mean_loss:.4f}")
+            log.write({"step": step, "loss": mean_loss, "lr": scheduler.get_last_lr()[0]})
+            if args.eval_steps and step % args.eval_steps == 0:
+                evaluate(step)
+            if args.checkpointing_steps and step % args.checkpointing_steps == 0:
+                checkpoint(step, epoch_rng)
+            if step >= max_steps or _out_of_time(args, start):
+                break
+    progress.close()
+    return step
+
+
+def evaluate_and_log(accelerator, model, dev_loader, metrics, metric_kwargs, history: list, log: StepLog,
+                     step: int) -> None:
+    history.append({"step": step, **evaluate_model(accelerator, model, dev_loader, metrics, metric_kwargs)})
+    log.write(history[-1])
+    logger.info("step %d: %s", step, history[-1])
+
+
+def _config_pad_id(args) -> int:
+    """The checkpoint's `pad_token_id` (or 0), for a tokenizer without a pad token; reads only its config."""
+    from ..configuration_transformer_xl import TransformerXLConfig
+
+    return TransformerXLConfig.from_pretrained(args.model_name_or_path).pad_token_id or 0
 
 
 def _out_of_time(args, start: float) -> bool:

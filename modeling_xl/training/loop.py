@@ -16,7 +16,8 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 
 from .arguments import PretrainArguments, check_output_dir, clear_run_records, processes_split, save_resolved
-from .checkpointing import check_compatible, load_checkpoint, read_training_state, resolve_checkpoint, save_checkpoint
+from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
+                            resolve_checkpoint, save_checkpoint)
 from .data import PretrainData, tokenizer_vocab_size
 from .feedback import LOG_FILE, PLOT_FILE, Progress, StepLog, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
@@ -37,6 +38,12 @@ class RunState:
     memories: list = field(default_factory=list)  # one entry per accumulation chunk: tuple of n_layer tensors or None
     eval_history: list = field(default_factory=list)
     last_checkpoint: str | None = None
+    started: float = field(default_factory=time.perf_counter)  # this process's start (perf_counter)
+    elapsed_before: float = 0.0  # seconds the run had taken before the checkpoint it resumed from
+
+    def elapsed(self) -> float:
+        """Wall time of the whole run so far, the parts before a resume included."""
+        return self.elapsed_before + time.perf_counter() - self.started
 
 
 def make_accelerator(args: PretrainArguments) -> Accelerator:
@@ -73,7 +80,11 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     if data_builder is None:
         from .corpus import build_data as data_builder  # the data pipeline (datasets, tokenizers) is only needed here
     data = data_builder(args, accelerator.process_index, accelerator.num_processes, per_process)
-    config = build_config(args, tokenizer_vocab_size(data.tokenizer))
+    stream = {"train_tokens": data.info.get("train_tokens"),  # identifies the token stream a checkpoint continues
+              "tokenizer_vocab_size": tokenizer_vocab_size(data.tokenizer)}
+    if saved is not None:  # still before anything is written or loaded
+        check_same_stream(saved, stream, resume_from)
+    config = build_config(args, stream["tokenizer_vocab_size"])
     objective = objective_for(args, data)
     model = build_model(args, config, objective.model_class)
     optimizer = build_optimizer(args, model)
@@ -86,13 +97,13 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
         save_resolved(args, output_dir, {"resolved_batch": layout, "model_config": config.to_dict()})
     accelerator.wait_for_everyone()
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    state = RunState(memories=[None] * args.gradient_accumulation_steps)
+    state = RunState(memories=[None] * args.gradient_accumulation_steps, started=started)
     if resume_from is not None:
         restore(accelerator, resume_from, saved, state, args)
     if args.with_tracking:
         accelerator.init_trackers("pretrain", config=_flat_hparams(args))
     try:
-        train(accelerator, args, model, optimizer, scheduler, data, objective, state, layout, global_batch)
+        train(accelerator, args, model, optimizer, scheduler, data, objective, state, {**layout, **stream}, global_batch)
     except NonFiniteLossError as error:
         accelerator.end_training()
         kept = state.last_checkpoint or "none (no checkpoint was written yet)"
@@ -100,7 +111,7 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
                                  "use --mixed_precision bf16 instead of fp16, or resume from it with "
                                  "--resume_from_checkpoint latest") from None
     results = final_evaluation(accelerator, args, model, data, objective, state)
-    finish(accelerator, args, model, data, state, results, global_batch, time.perf_counter() - started)
+    finish(accelerator, args, model, data, state, results, global_batch, state.elapsed())
     del model, optimizer, scheduler  # the prepared wrappers go before the process group (see `end_run`)
     end_run(accelerator)
     return results
@@ -112,11 +123,13 @@ def restore(accelerator, folder, saved: dict, state: RunState, args) -> None:
     state.step, state.tokens_seen = saved["step"], saved["tokens_seen"]
     state.memories, state.eval_history = memories, saved.get("eval_history", [])
     state.last_checkpoint = str(folder)
+    state.elapsed_before = saved.get("elapsed_seconds", 0.0)  # absent in checkpoints of older versions
     logger.info("resumed from %s at step %d", folder, state.step)
 
 
 def train(accelerator, args, model, optimizer, scheduler, data, objective, state: RunState, layout, global_batch):
-    """The step loop: train step, log, evaluate every eval_steps, checkpoint every checkpointing_steps."""
+    """The step loop: train step, log, evaluate every eval_steps, checkpoint every checkpointing_steps. `layout`
+    (batch layout and training stream) goes into every checkpoint, for the checks of a resume."""
     main = accelerator.is_main_process
     log = StepLog(args.output_dir, enabled=main, resume_step=state.step if args.resume_from_checkpoint else None)
     tokens_per_step = global_batch * objective.tokens_per_row  # new text per step (tokens/s and tokens_seen)
@@ -142,7 +155,8 @@ def train(accelerator, args, model, optimizer, scheduler, data, objective, state
         if args.checkpointing_steps and state.step % args.checkpointing_steps == 0:
             folder = save_checkpoint(accelerator, args.output_dir, state.step, {
                 **layout, "tokens_seen": state.tokens_seen, "eval_history": state.eval_history,
-                "data_position": {"segments_consumed": state.step}}, state.memories, args.checkpoints_total_limit)
+                "elapsed_seconds": state.elapsed(), "data_position": {"segments_consumed": state.step}},
+                state.memories, args.checkpoints_total_limit)
             state.last_checkpoint = str(folder)
     progress.close()
 
