@@ -11,7 +11,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer

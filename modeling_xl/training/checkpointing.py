@@ -74,16 +74,27 @@ def tensors_to_memories(tensors: dict[str, torch.Tensor], num_chunks: int, devic
 
 
 def save_checkpoint(accelerator, output_dir, step: int, state: dict, memories: list, keep: int | None) -> Path:
-    """Write the checkpoint of `step` atomically (all processes call this). Returns its final folder."""
+    """Write the checkpoint of `step` atomically (all processes call this), keep the newest `keep`. Returns its
+    final folder."""
     final = checkpoint_dir(output_dir, step)
+    write_checkpoint(accelerator, final, step, state, "memories", memories_to_tensors(memories, torch.get_rng_state()))
+    if accelerator.is_main_process:
+        _prune(output_dir, keep)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def write_checkpoint(accelerator, final: Path, step: int, state: dict, name: str, tensors: dict) -> None:
+    """Accelerate's state, this process's `tensors` (`{name}_rank{r}.safetensors`) and the training state (with
+    `step`) into `final`, through a temporary folder renamed once complete: a crash during a save leaves the previous
+    checkpoint usable. All processes call this."""
     tmp = final.with_name(f".tmp_{final.name}")
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=True)
-    save_file(memories_to_tensors(memories, torch.get_rng_state()),
-              str(tmp / f"memories_rank{accelerator.process_index}.safetensors"))
+    save_file(tensors, str(tmp / f"{name}_rank{accelerator.process_index}.safetensors"))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
@@ -95,9 +106,7 @@ def save_checkpoint(accelerator, output_dir, step: int, state: dict, memories: l
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _prune(output_dir, keep)
     accelerator.wait_for_everyone()
-    return final
 
 
 def read_training_state(folder) -> dict:
@@ -114,17 +123,20 @@ def load_checkpoint(accelerator, folder: Path, num_chunks: int, device) -> list:
     return tensors_to_memories(tensors, num_chunks, device)
 
 
-def check_compatible(state: dict, layout: dict, folder, max_train_steps: int) -> None:
-    """The memories of a checkpoint only fit the same stream layout, and its step must be one this run reaches;
-    say what differs."""
+def check_compatible(state: dict, layout: dict, folder, max_train_steps: int, *, resumes: str = "the streams",
+                     last_step: str | None = None) -> None:
+    """The data position (and memories) of a checkpoint mean the same only with the same `layout`, and its step must
+    be one this run reaches; say what differs. `resumes` names what the layout keeps the same in the message,
+    `last_step` describes this run's last step (default `max_train_steps=N`)."""
     for key, value in layout.items():
         if state.get(key) != value:
             raise ValueError(f"resume_from_checkpoint={str(folder)!r} was written with {key}={state.get(key)!r}, "
-                             f"this run has {key}={value!r}; expected the same value to continue the streams exactly")
+                             f"this run has {key}={value!r}; expected the same value to continue {resumes} exactly")
     if state["step"] > max_train_steps:
+        last_step = last_step or f"max_train_steps={max_train_steps}"
         raise ValueError(f"resume_from_checkpoint={str(folder)!r} is at step {state['step']}, past this run's "
-                         f"max_train_steps={max_train_steps}; expected a checkpoint at or before the last step (or a "
-                         "larger --max_train_steps)")
+                         f"{last_step}; expected a checkpoint at or before the last step (or a larger "
+                         "--max_train_steps)")
 
 
 def check_same_stream(state: dict, stream: dict, folder) -> None:

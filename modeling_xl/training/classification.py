@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from .arguments import _positive, check_output_dir, clear_run_records
+from .checkpointing import read_training_state
 from .feedback import StepLog
 from .finetune_checkpoints import (check_compatible, earlier_run, epoch_start_rng, read_epoch_rng,
-                                   read_training_state, resolve_checkpoint, save_checkpoint, set_rng)
+                                   resolve_checkpoint, save_checkpoint, set_rng)
 from .teardown import end_run
 
 logger = logging.getLogger(__name__)
@@ -266,11 +267,16 @@ def run_finetuning(args: FinetuneArguments) -> dict:
     metrics, metric_kwargs = build_metrics(len(mapping))
     log = StepLog(output_dir, enabled=accelerator.is_main_process, resume_step=step if resuming else None)
     start = time.perf_counter() - seconds_before  # the training time before a resume counts too
+
+    def evaluate_at(at: int) -> None:
+        evaluate_and_log(accelerator, model, dev_loader, metrics, metric_kwargs, history, log, at)
+
+    def checkpoint_at(at: int, rng) -> None:
+        state = {**layout, "history": history, "train_seconds": time.perf_counter() - start}
+        save_checkpoint(accelerator, output_dir, at, state, rng)
+
     step = train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps, step, epoch_rng, start,
-                      log, lambda at: evaluate_and_log(accelerator, model, dev_loader, metrics, metric_kwargs, history, log,
-                                                  at),
-                      lambda at, rng: save_checkpoint(accelerator, output_dir, at, {
-                          **layout, "history": history, "train_seconds": time.perf_counter() - start}, rng))
+                      log, evaluate_at, checkpoint_at)
     train_seconds = time.perf_counter() - start
     final = evaluate_model(accelerator, model, dev_loader, metrics, metric_kwargs)
     results = {"dev": final, "history": history, "train_steps": step, "train_seconds": train_seconds,

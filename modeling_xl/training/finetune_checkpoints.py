@@ -12,16 +12,14 @@ checkpoint usable.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from .checkpointing import STATE_FILE
+from .checkpointing import STATE_FILE, write_checkpoint
+from .checkpointing import check_compatible as check_stream_compatible
 from .feedback import LOG_FILE
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -79,21 +77,11 @@ def resolve_checkpoint(output_dir, requested: str) -> Path:
     return path
 
 
-def read_training_state(folder) -> dict:
-    return json.loads((Path(folder) / STATE_FILE).read_text())
-
-
 def check_compatible(state: dict, layout: dict, folder, max_steps: int) -> None:
     """The data position of a checkpoint means the same batches only with the same layout (examples, seed, batch,
-    processes), and its step must be one this run reaches; say what differs."""
-    for key, value in layout.items():
-        if state.get(key) != value:
-            raise ValueError(f"resume_from_checkpoint={str(folder)!r} was written with {key}={state.get(key)!r}, "
-                             f"this run has {key}={value!r}; expected the same value to continue on the same batches")
-    if state["step"] > max_steps:
-        raise ValueError(f"resume_from_checkpoint={str(folder)!r} is at step {state['step']}, past this run's "
-                         f"{max_steps} steps; expected a checkpoint at or before the last step (or a larger "
-                         "--max_train_steps / --num_train_epochs)")
+    processes), and its step must be one this run reaches (`checkpointing.check_compatible`)."""
+    check_stream_compatible(state, layout, folder, max_steps, resumes="on the same batches",
+                            last_step=f"{max_steps} steps (--max_train_steps / --num_train_epochs)")
 
 
 def read_epoch_rng(folder, process_index: int) -> dict[str, torch.Tensor]:
@@ -101,25 +89,8 @@ def read_epoch_rng(folder, process_index: int) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(accelerator, output_dir, step: int, state: dict, epoch_rng: dict[str, torch.Tensor]) -> Path:
-    """Write `checkpoint-{step}` atomically (all processes call this). Returns its folder."""
+    """Write `checkpoint-{step}` atomically (all processes call this, `checkpointing.write_checkpoint`). Returns its
+    folder."""
     final = Path(output_dir) / f"checkpoint-{step}"
-    tmp = final.with_name(f".tmp_{final.name}")
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    save_file(epoch_rng, str(tmp / f"epoch_rng_rank{accelerator.process_index}.safetensors"))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
-        if final.exists():  # re-saving a step after a resume: the old copy goes only once the new one is complete
-            old = final.with_name(f".old_{final.name}")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    accelerator.wait_for_everyone()
+    write_checkpoint(accelerator, final, step, state, "epoch_rng", epoch_rng)
     return final
