@@ -158,10 +158,10 @@ class TransformerXLConfig(PreTrainedConfig):
         from .legacy_conversion import convert_config
 
         return_unused = unused.pop("return_unused_kwargs", False)
-        for name in ("dtype", "torch_dtype", "trust_remote_code", "_from_auto", "_from_pipeline"):
-            unused.pop(name, None)
-        config = convert_config(config_dict, **unused)
-        return (config, {}) if return_unused else config
+        fields = {*cls().to_dict(), "num_labels"}
+        overrides = {k: unused.pop(k) for k in list(unused) if k in fields}
+        config = convert_config(config_dict, **overrides)
+        return (config, unused) if return_unused else config
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "TransformerXLConfig":

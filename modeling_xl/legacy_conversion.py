@@ -148,6 +148,12 @@ def load_legacy_model(cls, config_path: str, weights_path: str, dtype: torch.dty
     """Build `cls` (our causal LM or bare backbone) from a legacy config.json and weights file. `config` replaces the
     converted config (its shapes must match the weights), `overrides` set config fields (as `from_pretrained`'s
     keyword arguments do)."""
+    return legacy_model_and_new_weights(cls, config_path, weights_path, dtype, config, **overrides)[0]
+
+
+def legacy_model_and_new_weights(cls, config_path: str, weights_path: str, dtype: torch.dtype | None = None,
+                                 config: TransformerXLConfig | None = None, **overrides):
+    """`load_legacy_model`, and the names of the weights the checkpoint has none for (a classifier's new head)."""
     if config is not None:
         if not isinstance(config, TransformerXLConfig):
             raise ValueError(f"config is a {type(config).__name__}; expected a TransformerXLConfig")
@@ -172,7 +178,7 @@ def load_legacy_model(cls, config_path: str, weights_path: str, dtype: torch.dty
     model.tie_weights()
     if dtype is not None:
         model = model.to(dtype)
-    return model.eval()
+    return model.eval(), new_head
 
 
 def find_legacy_files(resolve) -> tuple[str, str] | None:

@@ -198,11 +198,16 @@ def complete_auto_map(save_directory, auto_map: dict[str, str]) -> None:
         f.write("\n")
 
 
-# from_pretrained keyword arguments that say where and how to load, not what the model is (the rest, config fields
-# and `config=`, also apply to a legacy checkpoint).
-LOADING_KWARGS = frozenset({"revision", "token", "cache_dir", "force_download", "local_files_only", "proxies",
-                            "subfolder", "trust_remote_code", "dtype", "torch_dtype", "use_safetensors",
-                            "weights_only", "low_cpu_mem_usage", "attn_implementation", "device_map"})
+# transformers 5's from_pretrained keyword arguments that say where and how to load, not what the model is: a legacy
+# checkpoint (converted here, on CPU) has no use for them. The rest, config fields and `config=`, apply to it too.
+LOADING_KWARGS = frozenset({
+    "revision", "token", "cache_dir", "force_download", "local_files_only", "proxies", "subfolder", "trust_remote_code",
+    "dtype", "torch_dtype", "use_safetensors", "weights_only", "low_cpu_mem_usage", "attn_implementation",
+    "device_map", "ignore_mismatched_sizes", "fusion_config", "disable_mmap", "_commit_hash", "_from_auto",
+    "_from_pipeline", "adapter_kwargs", "adapter_name", "allow_all_kernels", "device_mesh", "distributed_config",
+    "experts_implementation", "generation_config", "gguf_file", "kernel_config", "key_mapping", "max_memory",
+    "offload_buffers", "offload_folder", "output_loading_info", "quantization_config", "state_dict", "tp_plan",
+    "tp_size", "tqdm_class", "use_kernels", "variant"})
 
 
 def _is_bidirectional(pretrained_model_name_or_path, kwargs) -> bool:
@@ -233,7 +238,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """As in transformers, plus legacy transformers-4.x Transformer-XL folders/repos (model_type "transfo-xl"),
         converted on the fly (see `legacy_conversion`)."""
-        from .legacy_conversion import find_legacy_files, load_legacy_model, local_resolver
+        from .legacy_conversion import find_legacy_files, legacy_model_and_new_weights, local_resolver
 
         path = str(pretrained_model_name_or_path)
         if os.path.isdir(path):
@@ -251,7 +256,12 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
         legacy = find_legacy_files(resolve)
         if legacy is not None:
             overrides = {k: v for k, v in kwargs.items() if k not in LOADING_KWARGS}
-            return load_legacy_model(cls, *legacy, dtype=kwargs.get("dtype", kwargs.get("torch_dtype")), **overrides)
+            model, new_weights = legacy_model_and_new_weights(
+                cls, *legacy, dtype=kwargs.get("dtype", kwargs.get("torch_dtype")), **overrides)
+            if kwargs.get("output_loading_info"):  # every weight was converted, but a head the checkpoint lacks
+                return model, {"missing_keys": set(new_weights), "unexpected_keys": set(), "mismatched_keys": set(),
+                               "error_msgs": []}
+            return model
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):

@@ -475,10 +475,18 @@ def test_finetuning_resumed_from_a_checkpoint_trains_on_the_same_batches(tmp_pat
                                          r"has seed=7"):
         run_finetuning(finetune_args(tmp_path, lm_checkpoint, **run, seed=7, resume_from_checkpoint="latest"))
     (out / "notes.txt").write_text("the user's own file")
-    run_finetuning(finetune_args(tmp_path, lm_checkpoint, **{**run, "checkpointing_steps": 4, "max_train_steps": 4},
-                                 overwrite_output_dir=True))
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]
+    (out / "checkpoint-100").mkdir()  # a folder named like a checkpoint that this tool did not write: kept
+    (out / "checkpoint-100" / "model.safetensors").write_text("someone's model")
+    short = {**run, "checkpointing_steps": 4, "max_train_steps": 4}
+    run_finetuning(finetune_args(tmp_path, lm_checkpoint, **short, overwrite_output_dir=True))
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-100", "checkpoint-4"]
     assert sorted(step_losses(out)) == [1, 2, 3, 4] and (out / "notes.txt").exists()
+    assert (out / "checkpoint-100" / "model.safetensors").exists()
+    with pytest.raises(ValueError, match=r"tokenizer_name=.*checkpoint-4' lies in .*checkpoint-4, which "
+                                         r"--overwrite_output_dir would delete"):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, **short, overwrite_output_dir=True,
+                                     tokenizer_name=str(out / "checkpoint-4")))
+    assert (out / "checkpoint-4").exists()
 
 
 TWO_PROCESS_EVAL = textwrap.dedent("""
@@ -536,3 +544,66 @@ def test_dev_loss_of_two_processes_is_the_loss_over_the_whole_dev_set(tmp_path):
     assert one["eval_loss"] == pytest.approx(by_hand, rel=1e-5)
     for result in ranks:
         assert result == pytest.approx(one, rel=1e-5)
+
+
+class _StubTraining:
+    """Accelerator, model, optimizer, scheduler and log of `train_loop` in one object: records each step's batch and
+    a dropout-like draw from the torch RNG."""
+
+    is_local_main_process = False
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, **batch):
+        self.seen.append((batch["x"].tolist(), float(torch.rand(()))))
+        return type("Out", (), {"loss": torch.zeros(())})()
+
+    def backward(self, loss): pass
+    def clip_grad_norm_(self, *args): pass
+    def reduce(self, tensor, reduction): return tensor
+    def train(self): pass
+    def parameters(self): return []
+    def step(self): pass
+    def zero_grad(self): pass
+    def get_last_lr(self): return [0.0]
+    def write(self, record): pass
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_finetuning_train_loop_resumed_anywhere_reads_the_uninterrupted_batches(num_processes):
+    """Resumed from a checkpoint in the middle of an epoch or at its end, the loop reads the batches (and RNG draws)
+    of the uninterrupted run, in that epoch and the next ones. With several processes the order comes from the
+    generator Accelerate shares between them (here process 0 of 2), which Accelerate's own state does not save."""
+    import types
+
+    from accelerate import Accelerator
+    from accelerate.data_loader import prepare_data_loader
+    from accelerate.utils import set_seed
+    from torch.utils.data import DataLoader
+
+    from modeling_xl.training.classification import train_loop
+
+    def loader():
+        set_seed(0)
+        plain = DataLoader([{"x": i} for i in range(12)], batch_size=2, shuffle=True)
+        if num_processes == 1:
+            return plain
+        return prepare_data_loader(plain, num_processes=2, process_index=0, put_on_device=False,
+                                   rng_types=["generator"])
+
+    Accelerator(cpu=True)
+    args = types.SimpleNamespace(disable_tqdm=True, eval_steps=None, checkpointing_steps=1, max_train_time=None)
+    saved = {}
+    whole = _StubTraining()
+    train_loop(whole, args, whole, whole, whole, loader(), 14, 0, None, 0.0, whole, None,
+               lambda step, rng: saved.update({step: (torch.get_rng_state(), rng)}))
+    per_epoch = len(loader())
+    for at in (per_epoch + 1, 2 * per_epoch):  # in the middle of the second epoch, at the end of the second
+        torch_state, rng = saved[at]
+        resumed = _StubTraining()
+        torch.manual_seed(123)  # the resumed process starts elsewhere ...
+        dl = loader()
+        torch.set_rng_state(torch_state)  # ... and Accelerate's load_state restores the torch RNG
+        train_loop(resumed, args, resumed, resumed, resumed, dl, 14, at, rng, 0.0, resumed, None, lambda *a: None)
+        assert resumed.seen == whole.seen[at:], at

@@ -108,6 +108,13 @@ def test_legacy_checkpoint_as_classifier_and_config():
                                rtol=0, atol=0)
     config = TransformerXLConfig.from_pretrained(FIXTURES / "case_a", mem_len=9)
     assert config.mem_len == 9 and config.to_dict() == {**lm.config.to_dict(), "mem_len": 9}
+    config, unused = TransformerXLConfig.from_pretrained(FIXTURES / "case_a", return_unused_kwargs=True, foo=1)
+    assert unused == {"foo": 1}
+    # transformers' own loading arguments are accepted (and reported) as for a checkpoint of ours
+    _, info = TransformerXLForSequenceClassification.from_pretrained(
+        FIXTURES / "case_a", num_labels=2, output_loading_info=True, ignore_mismatched_sizes=True, variant=None)
+    assert info["missing_keys"] == {"logits_proj.weight", "logits_proj.bias", "sequence_summary.summary.weight",
+                                    "sequence_summary.summary.bias"}
 
 
 def test_every_legacy_key_has_a_name_and_unknown_keys_raise():

@@ -122,7 +122,9 @@ def test_new_run_in_the_folder_of_an_earlier_run_is_refused_unless_it_overwrites
         run_pretraining(debug_args(out, *new_run), builder)
     assert folder_contents(out) == earlier  # nothing written
     (out / "notes.txt").write_text("the user's own file")
+    (out / "runs" / "other_experiment").mkdir(parents=True)  # tracking logs are not deleted (other runs' too)
     run_pretraining(debug_args(out, *new_run, "--overwrite_output_dir"), builder)
+    assert (out / "runs" / "other_experiment").is_dir()
     # the new run keeps its own checkpoints (not the earlier run's higher steps) and logs step 0 once
     assert [p.name for p in list_checkpoints(out)] == ["step_0000002", "step_0000004"]
     assert [r["step"] for r in log_records(out) if "eval_loss" in r] == [0, 2, 4]

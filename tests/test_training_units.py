@@ -374,3 +374,32 @@ def test_conversion_into_its_own_legacy_folder_is_refused(tmp_path):
     assert {p.name: p.read_bytes() for p in legacy.iterdir()} == before
     script.convert(str(legacy), str(tmp_path / "converted"))  # another folder still works
     assert (tmp_path / "converted" / "config.json").is_file()
+
+
+def test_plm_bi_data_gives_every_process_and_chunk_forward_rows_then_their_backward_copies():
+    """The model reads the first half of the rows it is given with the forward position table and the second half
+    with the backward one: with bi_data every process's accumulation chunk must hold forward rows followed by the same
+    rows read backwards, not a process or chunk of forward rows only."""
+    from modeling_xl.training.accumulation import chunk_slices
+    from modeling_xl.training.plm import bidirectional_row_order, plm_data_from_tokens
+
+    assert bidirectional_row_order(8, 2) == [0, 1, 4, 5, 2, 3, 6, 7]
+    rng = np.random.default_rng(0)
+    train_ids, valid_ids = rng.integers(0, 50, 3000), rng.integers(0, 50, 1200)
+    args = parse_args(["--objective", "plm", "--preset", "debug", "--tgt_len", "16", "--mem_len", "8", "--bi_data",
+                       "--train_batch_size", "8", "--gradient_accumulation_steps", "2", "--max_train_steps", "3"])
+    seen = []
+    for process in range(2):
+        data = plm_data_from_tokens(_WordTokenizer(), train_ids, valid_ids, args, num_streams=8, num_processes=2,
+                                    process_index=process)
+        samples = [data.train.dataset[8 + i] for i in data.train.rows]  # step 1 of this process's rows
+        for chunk in chunk_slices(len(samples), 2):
+            part = samples[chunk]
+            assert [int(s["reverse"]) for s in part] == [0, 1]
+            assert int(part[1]["row"]) == int(part[0]["row"]) + 4  # layout row b + B/2 is row b read backwards
+            seen += [int(s["row"]) for s in part]
+        batch = data.train.batch(1)
+        assert torch.equal(batch["input_ids"], torch.as_tensor(np.stack([s["input_ids"] for s in samples])))
+    assert sorted(seen) == list(range(8))  # every layout row once
+    with pytest.raises(ValueError, match="train_batch_size / 2 = 4 to be a multiple of 8"):
+        bidirectional_row_order(8, 8)

@@ -289,8 +289,13 @@ def processes_split(args: PretrainArguments, num_processes: int) -> tuple[int, i
 
 
 # what a pretraining run writes into its output folder besides the final model (which save_pretrained replaces)
-RUN_RECORDS = (CHECKPOINTS, LOG_FILE, "training_config.yaml", "training_config.json", "eval_results.json", PLOT_FILE,
-               "runs")
+# What --overwrite_output_dir deletes of an earlier pretraining run (not `runs/`: tracking logs may be other runs' too).
+RUN_RECORDS = (CHECKPOINTS, LOG_FILE, "training_config.yaml", "training_config.json", "eval_results.json", PLOT_FILE)
+
+
+def earlier_pretraining_run(folder: Path) -> list[str]:
+    """The names in `folder` that mark an earlier pretraining run (its checkpoints, its step log)."""
+    return [name for name in (CHECKPOINTS, LOG_FILE) if (folder / name).exists()]
 
 
 def check_output_dir(path: str, resuming: bool = False, overwrite: bool = False, earlier_run=None) -> Path:
@@ -302,10 +307,7 @@ def check_output_dir(path: str, resuming: bool = False, overwrite: bool = False,
     checkpoints in favour of the old run's higher steps. Nothing is written before that check.
     """
     out = Path(path)
-    if earlier_run is None:
-        earlier = [name for name in (CHECKPOINTS, LOG_FILE) if (out / name).exists()]
-    else:
-        earlier = earlier_run(out) if out.is_dir() else []
+    earlier = (earlier_run or earlier_pretraining_run)(out) if out.is_dir() else []
     if earlier and not resuming and not overwrite:
         raise ValueError(f"output_dir={path!r} already holds an earlier run ({', '.join(earlier)}); expected an empty "
                          "or new folder, --resume_from_checkpoint latest to continue that run, or "

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from .arguments import _positive, check_output_dir, clear_run_records
 from .checkpointing import read_training_state
 from .feedback import StepLog
-from .finetune_checkpoints import (check_compatible, earlier_run, epoch_start_rng, read_epoch_rng,
-                                   resolve_checkpoint, save_checkpoint, set_rng)
+from .finetune_checkpoints import (check_compatible, checkpoint_rng, earlier_run, read_checkpoint_rng, resolve_checkpoint,
+                                   rng_states, save_checkpoint, set_rng, split_checkpoint_rng)
 from .teardown import end_run
 
 logger = logging.getLogger(__name__)
@@ -224,6 +224,8 @@ def run_finetuning(args: FinetuneArguments) -> dict:
     resuming = args.resume_from_checkpoint is not None
     output_dir = check_output_dir(args.output_dir, resuming=resuming, overwrite=args.overwrite_output_dir,
                                   earlier_run=lambda folder: earlier_run(folder, RESULTS_FILE))
+    if args.overwrite_output_dir:
+        _check_inputs_survive(args, [output_dir / name for name in earlier_run(output_dir, RESULTS_FILE)])
     resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint) if resuming else None
     accelerator = Accelerator()
     set_seed(args.seed)
@@ -258,11 +260,11 @@ def run_finetuning(args: FinetuneArguments) -> dict:
         if deleted:
             logger.info("overwrite_output_dir: deleted %s of the earlier run in %s", ", ".join(deleted), output_dir)
     accelerator.wait_for_everyone()
-    history, step, seconds_before, epoch_rng = [], 0, 0.0, None
+    history, step, seconds_before, resumed_rng = [], 0, 0.0, None
     if saved is not None:
         accelerator.load_state(str(resume_from))  # weights, optimizer, scheduler, every process's RNG
         history, step, seconds_before = saved["history"], saved["step"], saved["train_seconds"]
-        epoch_rng = read_epoch_rng(resume_from, accelerator.process_index)
+        resumed_rng = read_checkpoint_rng(resume_from, accelerator.process_index)
         logger.info("resumed from %s at step %d", resume_from, step)
     metrics, metric_kwargs = build_metrics(len(mapping))
     log = StepLog(output_dir, enabled=accelerator.is_main_process, resume_step=step if resuming else None)
@@ -275,7 +277,7 @@ def run_finetuning(args: FinetuneArguments) -> dict:
         state = {**layout, "history": history, "train_seconds": time.perf_counter() - start}
         save_checkpoint(accelerator, output_dir, at, state, rng)
 
-    step = train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps, step, epoch_rng, start,
+    step = train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps, step, resumed_rng, start,
                       log, evaluate_at, checkpoint_at)
     train_seconds = time.perf_counter() - start
     final = evaluate_model(accelerator, model, dev_loader, metrics, metric_kwargs)
@@ -293,32 +295,43 @@ def run_finetuning(args: FinetuneArguments) -> dict:
     return results
 
 
-def train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps: int, step: int,
-               epoch_rng: dict | None, start: float, log: StepLog, evaluate, checkpoint) -> int:
-    """Optimizer steps from `step` to `max_steps` (or `max_train_time`), each logged to `log`; `evaluate(step)` every
-    eval_steps and `checkpoint(step, epoch_rng)` every checkpointing_steps. Returns the steps done.
+def _check_inputs_survive(args, doomed: list[Path]) -> None:
+    """--overwrite_output_dir must not delete the model or tokenizer this run starts from."""
+    for name in ("model_name_or_path", "tokenizer_name"):
+        value = getattr(args, name)
+        if value and Path(value).exists():
+            inside = [p for p in doomed if Path(value).resolve().is_relative_to(p.resolve())]
+            if inside:
+                raise ValueError(f"{name}={value!r} lies in {inside[0]}, which --overwrite_output_dir would delete "
+                                 "(an earlier run's record); expected a model and tokenizer outside it")
 
-    An epoch's shuffled order is drawn from the RNG when its iterator starts; `epoch_rng` holds those states. A run
-    resumed in the middle of an epoch (`epoch_rng` from the checkpoint) draws the order again from them, skips the
-    batches already read, and goes on with the checkpoint's own RNG state: the batches and dropout masks of an
-    uninterrupted run."""
+
+def train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps: int, step: int,
+               checkpoint_rng_states: dict | None, start: float, log: StepLog, evaluate, checkpoint) -> int:
+    """Optimizer steps from `step` to `max_steps` (or `max_train_time`), each logged to `log`; `evaluate(step)` every
+    eval_steps and `checkpoint(step, states)` every checkpointing_steps (`checkpoint_rng`). Returns the steps done.
+
+    An epoch's shuffled order is drawn from the RNG (the torch RNG, or the generator shared by several processes) when
+    its iterator starts. A resumed run (`checkpoint_rng_states` from the checkpoint) draws its first epoch's order
+    again from the states that epoch started with, skips the batches already read, and goes on with the states of the
+    checkpoint: the batches and dropout masks of an uninterrupted run, also in the epochs after."""
     from tqdm.auto import tqdm
 
     progress = tqdm(total=max_steps, initial=step, desc="fine-tuning",
                     disable=args.disable_tqdm or not accelerator.is_local_main_process)
     model.train()
+    resumed = None if checkpoint_rng_states is None else split_checkpoint_rng(checkpoint_rng_states)
     while step < max_steps and not _out_of_time(args, start):
         done = step % len(train_loader)  # batches of this epoch already read (by the run that was resumed)
-        resumed_rng = epoch_start_rng(train_loader)
-        if done:
-            set_rng(train_loader, epoch_rng)
-        else:
-            epoch_rng = resumed_rng
+        if resumed is not None:  # the first epoch after a resume: its order is drawn from the saved states
+            set_rng(train_loader, resumed[0] if done else resumed[1])
+        epoch_rng = rng_states(train_loader)
         batches = iter(train_loader)
         for _ in range(done):
             next(batches)
-        if done:
-            set_rng(train_loader, resumed_rng)
+        if resumed is not None and done:  # then on with the states of the checkpoint (dropout, the next epochs)
+            set_rng(train_loader, resumed[1])
+        resumed = None
         for batch in batches:
             loss = model(**batch).loss
             accelerator.backward(loss)
@@ -334,7 +347,7 @@ def train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max
             if args.eval_steps and step % args.eval_steps == 0:
                 evaluate(step)
             if args.checkpointing_steps and step % args.checkpointing_steps == 0:
-                checkpoint(step, epoch_rng)
+                checkpoint(step, checkpoint_rng(epoch_rng, train_loader))
             if step >= max_steps or _out_of_time(args, start):
                 break
     progress.close()

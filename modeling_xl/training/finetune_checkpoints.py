@@ -2,12 +2,13 @@
 
 A checkpoint is `<output_dir>/checkpoint-N/` (N = optimizer steps done), as in the transformers example scripts:
 Accelerate's state (weights, optimizer, scheduler, every process's RNG) plus `training_state.json` (step, evaluation
-history, training time, and the layout the data position depends on), and `epoch_rng_rank{r}.safetensors`: the RNG
-states process r's current epoch drew its shuffled order from. The step says where to continue (epoch = step //
-batches per epoch, then `step % batches per epoch` batches into it); a resume draws that epoch's order again from the
-saved states, skips the batches already read, and then continues with the RNG of the checkpoint (dropout included).
-It is written into `.tmp_checkpoint-N/` and renamed when complete, so a crash during a save leaves the previous
-checkpoint usable.
+history, training time, and the layout the data position depends on), and `rng_rank{r}.safetensors`: the RNG states
+process r's current epoch drew its shuffled order from, and the shuffle generator's state at the checkpoint (several
+processes shuffle with a generator Accelerate shares between them and does not save). The step says where to continue
+(epoch = step // batches per epoch, then `step % batches per epoch` batches into it); a resume draws that epoch's order
+again from the saved states, skips the batches already read, and then continues with the states of the checkpoint
+(dropout and the next epochs' order included). It is written into `.tmp_checkpoint-N/` and renamed when complete, so a
+crash during a save leaves the previous checkpoint usable.
 """
 
 from __future__ import annotations
@@ -25,24 +26,39 @@ from .feedback import LOG_FILE
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
-def epoch_start_rng(train_loader) -> dict[str, torch.Tensor]:
-    """The RNG states an epoch's order is drawn from when its iterator starts: the global torch RNG (the shuffle
-    seed of a single process) and, with several processes, the sampler's synchronised generator."""
-    from accelerate.data_loader import get_sampler
+def _shuffle_generator(train_loader) -> torch.Generator | None:
+    """The generator a prepared loader shuffles with when several processes share one order (Accelerate keeps it as
+    `synchronized_generator`); None for one process, whose shuffle seed comes from the global torch RNG."""
+    return getattr(train_loader, "synchronized_generator", None)
 
+
+def rng_states(train_loader) -> dict[str, torch.Tensor]:
+    """The RNG states the loader's order (and dropout) draw from: the global torch RNG and the shuffle generator."""
     states = {"torch": torch.get_rng_state()}
-    generator = getattr(get_sampler(train_loader), "generator", None)
+    generator = _shuffle_generator(train_loader)
     if generator is not None:
         states["sampler"] = generator.get_state()
     return states
 
 
 def set_rng(train_loader, states: dict[str, torch.Tensor]) -> None:
-    from accelerate.data_loader import get_sampler
-
     torch.set_rng_state(states["torch"])
-    if "sampler" in states:
-        get_sampler(train_loader).generator.set_state(states["sampler"])
+    generator = _shuffle_generator(train_loader)
+    if generator is not None and "sampler" in states:
+        generator.set_state(states["sampler"])
+
+
+def checkpoint_rng(epoch_start: dict[str, torch.Tensor], train_loader) -> dict[str, torch.Tensor]:
+    """What a checkpoint keeps besides Accelerate's state: the states the current epoch's order was drawn from
+    (`epoch.*`) and the states now (`now.*`; Accelerate restores the torch RNG but not the shuffle generator)."""
+    return {**{f"epoch.{k}": v for k, v in epoch_start.items()},
+            **{f"now.{k}": v for k, v in rng_states(train_loader).items()}}
+
+
+def split_checkpoint_rng(tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """(epoch-start states, states at the checkpoint) from `checkpoint_rng`'s tensors."""
+    return ({k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("epoch.")},
+            {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("now.")})
 
 
 def list_checkpoints(output_dir) -> list[Path]:
@@ -54,9 +70,16 @@ def list_checkpoints(output_dir) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def is_finetuning_checkpoint(folder: Path) -> bool:
+    """A `checkpoint-N` folder this tool wrote (its training state and RNG file), not, say, a Trainer checkpoint or
+    a saved model someone named so."""
+    return (_NAME.match(folder.name) is not None and (folder / STATE_FILE).is_file()
+            and (folder / "rng_rank0.safetensors").is_file())
+
+
 def earlier_run(folder: Path, results_file: str) -> list[str]:
-    """Names in `folder` that an earlier fine-tuning run wrote (checkpoints, step log, results)."""
-    names = sorted((p.name for p in folder.iterdir() if _NAME.match(p.name) and p.is_dir()),
+    """Names in `folder` that an earlier fine-tuning run wrote (its checkpoints, step log, results)."""
+    names = sorted((p.name for p in folder.iterdir() if p.is_dir() and is_finetuning_checkpoint(p)),
                    key=lambda name: int(name.split("-")[1]))
     return names + [name for name in (LOG_FILE, results_file) if (folder / name).exists()]
 
@@ -84,13 +107,14 @@ def check_compatible(state: dict, layout: dict, folder, max_steps: int) -> None:
                             last_step=f"{max_steps} steps (--max_train_steps / --num_train_epochs)")
 
 
-def read_epoch_rng(folder, process_index: int) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(folder) / f"epoch_rng_rank{process_index}.safetensors"))
+def read_checkpoint_rng(folder, process_index: int) -> dict[str, torch.Tensor]:
+    """This process's `checkpoint_rng` tensors of a checkpoint."""
+    return load_file(str(Path(folder) / f"rng_rank{process_index}.safetensors"))
 
 
-def save_checkpoint(accelerator, output_dir, step: int, state: dict, epoch_rng: dict[str, torch.Tensor]) -> Path:
+def save_checkpoint(accelerator, output_dir, step: int, state: dict, rng: dict[str, torch.Tensor]) -> Path:
     """Write `checkpoint-{step}` atomically (all processes call this, `checkpointing.write_checkpoint`). Returns its
     folder."""
     final = Path(output_dir) / f"checkpoint-{step}"
-    write_checkpoint(accelerator, final, step, state, "epoch_rng", epoch_rng)
+    write_checkpoint(accelerator, final, step, state, "rng", rng)
     return final

@@ -15,7 +15,8 @@ from typing import Callable
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 
-from .arguments import PretrainArguments, check_output_dir, clear_run_records, processes_split, save_resolved
+from .arguments import (PretrainArguments, check_output_dir, clear_run_records, earlier_pretraining_run,
+                        processes_split, save_resolved)
 from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
                             resolve_checkpoint, save_checkpoint)
 from .data import PretrainData, tokenizer_vocab_size
@@ -90,7 +91,8 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer)
     if accelerator.is_main_process:
-        if args.overwrite_output_dir:  # only now, once every check has passed: bad input must not cost the old run
+        # only now, once every check has passed (bad input must not cost the old run), and only if there is one
+        if args.overwrite_output_dir and earlier_pretraining_run(output_dir):
             deleted = clear_run_records(output_dir)
             if deleted:
                 logger.info("overwrite_output_dir: deleted %s of the earlier run in %s", ", ".join(deleted), output_dir)

@@ -39,11 +39,26 @@ def add_plm_tokens(tokenizer):
     return tokenizer.sep_token_id, tokenizer.cls_token_id
 
 
+def bidirectional_row_order(num_streams: int, groups: int) -> list[int]:
+    """Row order of a bi_data batch split into `groups` consecutive parts (processes x accumulation chunks): the model
+    reads the first half of whatever rows it is given with the forward position table and the second half with the
+    backward one, so every part holds forward rows followed by the same rows read backwards (layout rows [B/2, B)).
+    Example: 8 streams (forward 0-3, backward 4-7), 2 groups -> [0, 1, 4, 5, 2, 3, 6, 7]."""
+    half = num_streams // 2
+    if half % groups:
+        raise ValueError(f"bi_data=True with train_batch_size={num_streams} cannot give each of the {groups} "
+                         f"processes x gradient-accumulation chunks forward rows and their backward copies; expected "
+                         f"train_batch_size / 2 = {half} to be a multiple of {groups}")
+    size = half // groups
+    return [row for g in range(groups) for start in (g * size, half + g * size) for row in range(start, start + size)]
+
+
 class PLMStreams:
-    """Permutation-LM batches of one process: step t -> rows [r·B/W, (r+1)·B/W) of the layout's step t."""
+    """Permutation-LM batches of one process: step t -> rows [r·B/W, (r+1)·B/W) of the layout's step t (with bi_data,
+    in `bidirectional_row_order`, `chunks` being the parts each process's rows are split into)."""
 
     def __init__(self, tokens, tokenizer, num_streams, settings, num_processes, process_index, seed,
-                 max_steps: int | None = None, bi_data=False):
+                 max_steps: int | None = None, bi_data=False, chunks: int = 1):
         sep_id, cls_id = add_plm_tokens(tokenizer)
         self.sampling = PLMSamplingConfig(sep_id=sep_id, cls_id=cls_id, **settings)
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -58,7 +73,8 @@ class PLMStreams:
         self.num_streams = num_streams
         self.steps_per_epoch = len(self.dataset) // num_streams
         share = num_streams // num_processes
-        self.rows = slice(process_index * share, (process_index + 1) * share)
+        order = bidirectional_row_order(num_streams, num_processes * chunks) if bi_data else range(num_streams)
+        self.rows = list(order[process_index * share : (process_index + 1) * share])
 
     def __len__(self) -> int:
         """Steps per epoch."""
@@ -70,7 +86,7 @@ class PLMStreams:
 
     def batch(self, index: int) -> dict:
         first = index * self.num_streams
-        return self.collator([self.dataset[first + i] for i in range(self.rows.start, self.rows.stop)])
+        return self.collator([self.dataset[first + i] for i in self.rows])
 
     def __iter__(self):
         for index in range(self.steps_per_epoch):
@@ -141,7 +157,7 @@ def plm_data_from_tokens(tokenizer, train_ids, valid_ids, args, *, num_streams: 
 
     settings = plm_settings(args)
     train = PLMStreams(train_ids, tokenizer, num_streams, settings, num_processes, process_index, args.seed,
-                       args.max_train_steps, args.bi_data)
+                       args.max_train_steps, args.bi_data, chunks=args.gradient_accumulation_steps)
     validation = PLMStreams(valid_ids, tokenizer, num_streams, settings, num_processes, process_index, args.seed + 1,
                             None, args.bi_data)
     facts = {"train_tokens": len(train_ids), "eval_tokens": len(valid_ids), **(info or {})}
