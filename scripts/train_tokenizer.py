@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from modeling_xl.data.corpora import load_corpus
+from modeling_xl.data.corpora import load_corpus, ordered_splits
 from tokenization import (byte_level_tokenizer, tokenizer_from_vocab, train_char_level_tokenizer,
                           train_unigram_tokenizer, train_word_level_tokenizer)
 
@@ -41,7 +41,7 @@ def build_tokenizer(args: argparse.Namespace):
     if args.kind == "byte":
         return byte_level_tokenizer()
     corpus = load_corpus(args.corpus, args.config, text_column=args.text_column, cache_dir=args.cache_dir)
-    splits = list(corpus) if args.all_splits else ["train"]
+    splits = ordered_splits(corpus) if args.all_splits else ["train"]  # train, valid, test: the reference's order
     lines = [line for split in splits for line in corpus[split][args.text_column] if line is not None]
     if args.kind == "word":
         return train_word_level_tokenizer(lines, min_freq=args.min_freq, max_size=args.max_size,

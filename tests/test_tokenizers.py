@@ -118,6 +118,39 @@ def test_char_level_ids_follow_the_given_symbols():
     assert char_level_tokenizer(["x"]).get_vocab() == {"x": 0, "<unk>": 1, "\n": 2}
 
 
+def test_char_level_stream_is_the_text_even_where_it_reads_unk(tmp_path):
+    """WikiText writes unknown words as the text "<unk>": at character level that is five characters (the bpc
+    denominator counts them), also after save and reload; a character outside the symbols is the <unk> id."""
+    from transformers import AutoTokenizer
+
+    tokenizer = train_char_level_tokenizer(["a <unk> b", "cab"])
+    tokenizer.save_pretrained(tmp_path)
+    for tok in (tokenizer, AutoTokenizer.from_pretrained(tmp_path)):
+        ids = tok("a <unk> bz").input_ids
+        assert tok.convert_ids_to_tokens(ids) == ["a", " ", "<", "u", "n", "k", ">", " ", "b", "<unk>", "\n"]
+        assert tok.decode(ids[:-2]) == "a <unk> b"
+
+
+def test_corpus_encoding_ignores_the_tokenizers_padding_and_truncation(tmp_path):
+    """A corpus stream is every token of every line, even after a padded, truncated call switched padding and
+    truncation on in the Rust tokenizer (or a tokenizer.json saved so); that state is left as it was."""
+    from transformers import AutoTokenizer
+
+    tokenizer = train_unigram_tokenizer(read_lines(DATA / "tinyshakespeare" / "input.txt")[:2000], vocab_size=300)
+    lines = ["First Citizen:", "Before we proceed any further, hear me speak."]
+    clean = encode_lines(lines, tokenizer)
+    tokenizer(["x", "y z"], padding=True, truncation=True, max_length=3)
+    backend = tokenizer.backend_tokenizer
+    state = (backend.padding, backend.truncation)
+    assert state[0] is not None and state[1]["max_length"] == 3
+    for got, want in zip(encode_lines(lines, tokenizer), clean):
+        assert np.array_equal(got, want)
+    assert (backend.padding, backend.truncation) == state
+    tokenizer.save_pretrained(tmp_path)
+    for got, want in zip(encode_lines(lines, AutoTokenizer.from_pretrained(tmp_path)), clean):
+        assert np.array_equal(got, want)
+
+
 def test_unigram_xlnet_format_and_left_padding(unigram):
     assert unigram.convert_ids_to_tokens(list(range(9))) == ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>",
                                                             "<mask>", "<eod>", "<eop>"]
@@ -246,3 +279,19 @@ def test_train_tokenizer_script_and_real_config(tmp_path):
     check_vocab_matches(tok, config)
     with pytest.raises(ValueError, match=f"config.vocab_size={len(tok) + 1}"):
         check_vocab_matches(tok, TransformerXLConfig.from_preset("debug", vocab_size=len(tok) + 1, cutoffs=[]))
+
+
+def test_train_tokenizer_all_splits_counts_train_valid_test_in_that_order(tmp_path, wikitext, wt2_tokenizer):
+    """`--all-splits` on a WikiText folder (its files list test, train, valid alphabetically) gives the reference's
+    ids: frequency ties broken by first appearance over train, then valid, then test."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_tokenizer", Path(__file__).parents[1] / "scripts" /
+                                                  "train_tokenizer.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--corpus", str(DATA / "wikitext-2"), "--kind", "word", "--all-splits", "--output",
+                 str(tmp_path / "tok"), "--cache-dir", str(tmp_path / "cache")])
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(tmp_path / "tok").get_vocab() == wt2_tokenizer.get_vocab()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,7 +144,28 @@ def encode_lines(lines: Iterable[str] | pa.Array, tokenizer, plan: WordLevelPlan
         if encoded is not None:
             return encoded
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    encodings = backend.encode_batch_fast(lines.to_pylist(), add_special_tokens=True)
+    with plain_encoding(backend):
+        encodings = backend.encode_batch_fast(lines.to_pylist(), add_special_tokens=True)
     counts = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
     flat = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int32, count=int(counts.sum()))
     return flat, counts
+
+
+@contextmanager
+def plain_encoding(backend):
+    """The Rust tokenizer without padding or truncation for the duration (restored after): a corpus stream is every
+    token of every line, whatever an earlier `tokenizer(..., padding=True)` call or a saved tokenizer.json left
+    switched on (it would pad each batch of lines with <pad> tokens, or cut lines short)."""
+    padding, truncation = backend.padding, backend.truncation
+    if padding is None and truncation is None:
+        yield backend
+        return
+    backend.no_padding()
+    backend.no_truncation()
+    try:
+        yield backend
+    finally:
+        if padding is not None:
+            backend.enable_padding(**padding)
+        if truncation is not None:
+            backend.enable_truncation(**truncation)

@@ -19,7 +19,8 @@ UNK = "<unk>"
 
 def char_level_tokenizer(chars: list[str], *, unk_token: str = UNK, newline_at_end: bool = True):
     """Tokenizer over exactly these symbols (chars[i] has id i, repeats dropped); `unk_token` and "\\n" are added
-    after them when missing."""
+    after them when missing. Characters outside the symbols encode as `unk_token`'s id; the text "<unk>" itself is
+    five characters (the tokenizer declares no special unknown token, whose text transformers would match)."""
     symbols = list(dict.fromkeys([*chars, unk_token, "\n"]))
     if any(len(c) != 1 for c in symbols if c != unk_token):
         raise ValueError("chars must be single characters; expected a list like ['a', 'b', ' ']")
@@ -28,7 +29,10 @@ def char_level_tokenizer(chars: list[str], *, unk_token: str = UNK, newline_at_e
     tokenizer.decoder = decoders.Fuse()  # concatenate symbols, no spaces between them
     if newline_at_end:
         tokenizer.post_processor = processors.TemplateProcessing(single="$A \n", special_tokens=[("\n", ids["\n"])])
-    return wrap_tokenizer(tokenizer, unk_token=unk_token)
+    # `unk_token` is the BPE model's (characters outside the symbols map to it) but not declared a special token:
+    # transformers would match special tokens in the text, so a literal "<unk>" (WikiText has thousands) would become
+    # one token instead of five characters, and the stream would no longer be the text.
+    return wrap_tokenizer(tokenizer)
 
 
 def train_char_level_tokenizer(lines: Iterable[str], *, min_freq: int = 1, unk_token: str = UNK,

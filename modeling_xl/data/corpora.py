@@ -57,6 +57,14 @@ def _load_hub(name: str, config: str | None, cache_dir: str | None) -> datasets.
     return datasets.DatasetDict({SPLIT_ALIASES.get(split, split): data for split, data in loaded.items()})
 
 
+def ordered_splits(names) -> list[str]:
+    """Split names in reading order: train, validation, test, then any others (sorted). Counting a vocabulary over
+    every split in this order breaks frequency ties as the reference does (train, then valid, then test); folders
+    and Hub datasets list them alphabetically."""
+    rank = {"train": 0, "validation": 1, "test": 2}
+    return sorted(names, key=lambda name: (rank.get(name, 3), name))
+
+
 def _split_files(path: Path) -> dict[str, Path]:
     if path.is_file():
         return {"train": path}
@@ -68,7 +76,7 @@ def _split_files(path: Path) -> dict[str, Path]:
     if "train" not in files:
         raise ValueError(f"folder {path} has no train file; expected train/valid/test files with one of the "
                          f"extensions {sorted(BUILDERS)}")
-    return files
+    return {split: files[split] for split in ordered_splits(files)}
 
 
 def _load_local(path: Path, cache_dir: str | None) -> datasets.DatasetDict:
