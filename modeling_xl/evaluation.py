@@ -19,6 +19,23 @@ from .data.streams import EvalStreams
 from .training.evaluation import bits_per_character, perplexity, recurrence_settings, stream_nll
 
 
+def check_int(name: str, value, minimum: int = 1, allow_none: bool = False) -> None:
+    """ValueError naming `name`, its value and the range unless `value` is an integer >= `minimum` (or None when
+    `allow_none`). Example: check_int("tgt_len", 0) -> "tgt_len=0 is invalid; expected a positive integer"."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name}={value!r} is invalid; expected {expected}")
+
+
+def check_vanilla_span(context_len: int, num_targets: int, num_tokens: int, targets_name: str = "num_targets") -> None:
+    """The vanilla windows read tokens [0, context_len + num_targets); ValueError if the stream is shorter."""
+    if context_len + num_targets > num_tokens:
+        raise ValueError(f"context_len={context_len} + {targets_name}={num_targets} exceeds the {num_tokens} "
+                         "tokens of the stream; expected a longer stream or fewer targets")
+
+
 def score_summary(nll: float, tokens: int, char_level: bool, chars: int | None = None) -> dict:
     """{"loss", "perplexity"} and, at character/byte level, "bpc" = NLL / ln 2 per character (default: one
     character per token). Example: 100 tokens, 69.31 nats -> loss 0.693, perplexity 2.0, bpc 1.0."""
@@ -45,18 +62,17 @@ def evaluate_stream(model, tokens, *, tgt_len: int, mem_len: int, clamp_len: int
 
     Returns {"loss", "perplexity", ("bpc"), "tokens", "seconds", "tokens_per_second", "tgt_len", "mem_len",
     "clamp_len", "same_length", "attended_context"} with attended_context = mem_len + tgt_len, the most keys a
-    query sees (the last query of a segment).
+    query sees (the last query of a segment), and same_length as used (off when mem_len == 0).
     """
-    for name, value in (("tgt_len", tgt_len), ("batch_size", batch_size)):
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name}={value!r} is invalid; expected a positive integer")
-    if not isinstance(mem_len, int) or mem_len < 0:
-        raise ValueError(f"mem_len={mem_len!r} is invalid; expected an integer >= 0")
+    check_int("tgt_len", tgt_len)
+    check_int("batch_size", batch_size)
+    check_int("mem_len", mem_len, minimum=0)
+    same_length = same_length and mem_len > 0  # the mask ignores it without memory (`causal_mask`): report that
     device = device or next(model.parameters()).device
     streams = EvalStreams(tokens, batch_size, tgt_len)
     batches = ({k: v.to(device) for k, v in batch.items()} for batch in streams)
     start = time.perf_counter()
-    with recurrence_settings(model.config, mem_len, clamp_len, same_length and mem_len > 0):
+    with recurrence_settings(model.config, mem_len, clamp_len, same_length):
         nll, count = stream_nll(model, batches, device, max_segments)
     seconds = time.perf_counter() - start
     return {**score_summary(nll, count, char_level, round(count * chars_per_token)), "tokens": count,
@@ -79,11 +95,10 @@ def vanilla_nll(model, tokens, context_len: int, num_targets: int, *, batch_size
     window `tokens[t - context_len : t]` with no memory; `batch_size` windows share a forward pass.
     Returns (summed NLL, targets, seconds)."""
     tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-    if not isinstance(context_len, int) or context_len <= 0:
-        raise ValueError(f"context_len={context_len!r} is invalid; expected a positive integer")
-    if context_len + num_targets > tokens.numel():
-        raise ValueError(f"context_len={context_len} + num_targets={num_targets} exceeds the {tokens.numel()} "
-                         "tokens of the stream; expected a longer stream or fewer targets")
+    check_int("context_len", context_len)
+    check_int("num_targets", num_targets)
+    check_int("batch_size", batch_size)
+    check_vanilla_span(context_len, num_targets, tokens.numel())
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -111,6 +126,7 @@ def reuse_vs_vanilla(model, tokens, *, context_len: int, num_targets: int, tgt_l
     windows per pass, which favours it: the measured speed-up is a lower bound for equal batching.
     """
     tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+    check_int("tgt_len", tgt_len)
     v_nll, v_count, v_seconds = vanilla_nll(model, tokens, context_len, num_targets, batch_size=vanilla_batch_size,
                                             clamp_len=clamp_len, device=device)
     span = tokens[: context_len + num_targets]
@@ -180,12 +196,14 @@ def update_card_section(readme_path, name: str, markdown: str) -> None:
 
 
 def load_eval_tokens(tokenizer, dataset_name: str, dataset_config_name: str | None = None, split: str = "validation",
-                     text_column: str = "text", max_tokens: int | None = None) -> torch.Tensor:
+                     text_column: str = "text", max_eval_tokens: int | None = None) -> torch.Tensor:
     """One split of a corpus (a Hub name, a local file/folder, or "builtin"; see `modeling_xl.data.corpora`) as the
-    1-D token stream the training run evaluates on (`tokenize_split`: e.g. `<eos>` after every line)."""
+    1-D token stream the training run evaluates on (`tokenize_split`: e.g. `<eos>` after every line), cut to its
+    first `max_eval_tokens` tokens (None: the whole split; at least 2, one input and its target)."""
     from .data.corpora import load_corpus
     from .data.tokenize import tokenize_split
 
+    check_int("max_eval_tokens", max_eval_tokens, minimum=2, allow_none=True)
     corpus = load_corpus(dataset_name, dataset_config_name, text_column=text_column)
     if split not in corpus:
         raise ValueError(f"split={split!r} is not in {dataset_name!r}; expected one of {sorted(corpus)}")
@@ -193,7 +211,7 @@ def load_eval_tokens(tokenizer, dataset_name: str, dataset_config_name: str | No
     ids = torch.from_numpy(ids.astype("int64"))
     if ids.numel() < 2:
         raise ValueError(f"split {split!r} of {dataset_name!r} has {ids.numel()} tokens; expected at least 2")
-    return ids[:max_tokens] if max_tokens else ids
+    return ids[:max_eval_tokens] if max_eval_tokens is not None else ids
 
 
 def results_markdown(results: dict, metric: str) -> str:

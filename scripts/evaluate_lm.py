@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--same_length", action="store_true")
     p.add_argument("--batch_size", type=int, default=1, help="number of contiguous streams")
     p.add_argument("--char_level", action="store_true", help="report bits per character (one char/byte per token)")
-    p.add_argument("--mem_lens", type=int, nargs="*", help="memory lengths to sweep (table + plot)")
+    p.add_argument("--mem_lens", type=int, nargs="+", help="memory lengths to sweep (table + plot)")
     p.add_argument("--vanilla", action="store_true", help="compare the sliding-window baseline with state reuse")
     p.add_argument("--context_len", type=int, default=640, help="vanilla window = state-reuse memory length")
     p.add_argument("--vanilla_targets", type=int, default=512, help="targets scored by both modes")
@@ -43,6 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output_dir", help="where results and the card section go (default: the checkpoint folder)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads")
     return p
+
+
+def check_args(args) -> None:
+    """Every numeric argument, before the model is loaded: a bad value must not cost a full evaluation first."""
+    from modeling_xl.evaluation import check_int
+
+    for name in ("tgt_len", "batch_size", "context_len", "vanilla_targets", "vanilla_batch_size"):
+        check_int(name, getattr(args, name))
+    check_int("max_eval_tokens", args.max_eval_tokens, minimum=2, allow_none=True)
+    check_int("mem_len", args.mem_len, minimum=0, allow_none=True)
+    check_int("threads", args.threads, allow_none=True)
+    for mem_len in args.mem_lens or []:
+        check_int("mem_lens", mem_len, minimum=0)
+    if args.clamp_len < -1:
+        raise ValueError(f"clamp_len={args.clamp_len} is invalid; expected -1 (no clamping) or a distance >= 0")
 
 
 def load(args):
@@ -60,6 +75,7 @@ def load(args):
 
 def run(args) -> dict:
     from modeling_xl.evaluation import (
+        check_vanilla_span,
         load_eval_tokens,
         memory_sweep,
         plot_sweep,
@@ -69,11 +85,14 @@ def run(args) -> dict:
         update_card_section,
     )
 
-    if args.threads:
+    check_args(args)
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     model, tokenizer = load(args)
     tokens = load_eval_tokens(tokenizer, args.dataset_name, args.dataset_config_name, args.split, args.text_column,
                               args.max_eval_tokens)
+    if args.vanilla:
+        check_vanilla_span(args.context_len, args.vanilla_targets, tokens.numel(), targets_name="vanilla_targets")
     out_dir = Path(args.output_dir or args.model_name_or_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     metric = "bpc" if args.char_level else "perplexity"
@@ -82,8 +101,9 @@ def run(args) -> dict:
     mem_len = model.config.mem_len if args.mem_len is None else args.mem_len
     results = {"model": str(args.model_name_or_path), "dataset": args.dataset_name, "split": args.split,
                "evaluation": memory_sweep(model, tokens, [mem_len], **settings)[0]}
-    print(f"{metric}: {results['evaluation'][metric]:.4f} over {results['evaluation']['tokens']} tokens "
-          f"(tgt_len {args.tgt_len}, mem_len {mem_len}, clamp_len {args.clamp_len}, same_length {args.same_length})")
+    main_result = results["evaluation"]
+    print(f"{metric}: {main_result[metric]:.4f} over {main_result['tokens']} tokens (tgt_len {args.tgt_len}, "
+          f"mem_len {mem_len}, clamp_len {args.clamp_len}, same_length {main_result['same_length']})")
     if args.mem_lens:
         results["sweep"] = memory_sweep(model, tokens, args.mem_lens, **settings)
         results["sweep_plot"] = PLOT_FILE

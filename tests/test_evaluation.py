@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 from modeling_xl.evaluation import (
     evaluate_stream,
+    load_eval_tokens,
     memory_sweep,
     reuse_vs_vanilla,
     sweep_table,
@@ -55,6 +57,12 @@ def test_same_numbers_as_the_training_runs_evaluation():
     assert ours["perplexity"] == pytest.approx(theirs["perplexity"], rel=1e-9)
 
 
+def test_same_length_is_reported_as_used():
+    model, tokens = lm(), torch.randint(0, 97, (30,))
+    no_memory, memory = memory_sweep(model, tokens, [0, 4], tgt_len=8, same_length=True)
+    assert no_memory["same_length"] is False and memory["same_length"] is True  # the mask ignores it without memory
+
+
 def test_bits_per_character():
     model = lm()
     tokens = torch.randint(0, 97, (30,))
@@ -92,6 +100,11 @@ def test_memory_sweep_table():
     (lambda m, t: memory_sweep(m, t, [], tgt_len=4), r"mem_lens is empty"),
     (lambda m, t: vanilla_nll(m, t, context_len=15, num_targets=10), r"context_len=15 \+ num_targets=10 exceeds"),
     (lambda m, t: vanilla_nll(m, t, context_len=0, num_targets=1), r"context_len=0 is invalid"),
+    (lambda m, t: vanilla_nll(m, t, context_len=4, num_targets=0), r"num_targets=0 is invalid; expected a positive"),
+    (lambda m, t: vanilla_nll(m, t, context_len=4, num_targets=-4), r"num_targets=-4 is invalid"),
+    (lambda m, t: vanilla_nll(m, t, context_len=4, num_targets=2, batch_size=0), r"batch_size=0 is invalid"),
+    (lambda m, t: reuse_vs_vanilla(m, t, context_len=4, num_targets=-4, tgt_len=4), r"num_targets=-4 is invalid"),
+    (lambda m, t: reuse_vs_vanilla(m, t, context_len=4, num_targets=2, tgt_len=0), r"tgt_len=0 is invalid"),
 ])
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
@@ -161,3 +174,47 @@ def test_evaluate_lm_script_bad_input(checkpoint, tmp_path, capsys):
     assert "has no config.json" in capsys.readouterr().err
     assert script.main([str(folder), "--dataset_name", str(corpus), "--split", "test"]) == 1
     assert "split='test' is not in" in capsys.readouterr().err
+
+
+def test_max_eval_tokens(checkpoint):
+    _, corpus, _, tokenizer = checkpoint
+    args = (tokenizer, str(corpus), None, "validation", "text")
+    assert load_eval_tokens(*args, None).numel() == 20 * 13 and load_eval_tokens(*args, 2).numel() == 2
+    for bad in (0, 1, -3):  # 0 used to mean the whole split and -3 to drop the last 3 tokens
+        with pytest.raises(ValueError, match=rf"max_eval_tokens={bad} is invalid; expected an integer >= 2"):
+            load_eval_tokens(*args, bad)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--max_eval_tokens", "0"], r"max_eval_tokens=0 is invalid; expected an integer >= 2"),
+    (["--mem_lens", "0", "-3"], r"mem_lens=-3 is invalid; expected an integer >= 0"),
+    (["--mem_len", "-1"], r"mem_len=-1 is invalid"),
+    (["--tgt_len", "0"], r"tgt_len=0 is invalid; expected a positive integer"),
+    (["--batch_size", "0"], r"batch_size=0 is invalid"),
+    (["--clamp_len", "-2"], r"clamp_len=-2 is invalid; expected -1 \(no clamping\) or a distance >= 0"),
+    (["--vanilla", "--context_len", "0"], r"context_len=0 is invalid"),
+    (["--vanilla", "--vanilla_targets", "0"], r"vanilla_targets=0 is invalid; expected a positive integer"),
+    (["--vanilla", "--vanilla_targets", "-4"], r"vanilla_targets=-4 is invalid"),
+    (["--vanilla", "--vanilla_batch_size", "0"], r"vanilla_batch_size=0 is invalid"),
+    (["--threads", "0"], r"threads=0 is invalid"),
+])
+def test_evaluate_lm_script_checks_arguments_before_loading(tmp_path, capsys, argv, match):
+    script = load_script("evaluate_lm")
+    # no checkpoint there: the argument's error must come before the model is loaded
+    assert script.main([str(tmp_path / "missing"), *argv]) == 1
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_evaluate_lm_script_rejects_empty_mem_lens(tmp_path, capsys):
+    with pytest.raises(SystemExit):  # argparse: "expected at least one argument" (an empty sweep was silently skipped)
+        load_script("evaluate_lm").main([str(tmp_path / "missing"), "--mem_lens"])
+    assert "--mem_lens" in capsys.readouterr().err
+
+
+def test_evaluate_lm_script_checks_the_vanilla_span_before_evaluating(checkpoint, capsys):
+    folder, corpus, *_ = checkpoint
+    code = load_script("evaluate_lm").main([str(folder), "--dataset_name", str(corpus), "--tgt_len", "8", "--vanilla",
+                                            "--context_len", "250", "--vanilla_targets", "20"])
+    out = capsys.readouterr()
+    assert code == 1 and "context_len=250 + vanilla_targets=20 exceeds the 260 tokens" in out.err
+    assert "perplexity" not in out.out and not (folder / "lm_evaluation.json").exists()  # nothing evaluated

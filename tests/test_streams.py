@@ -117,6 +117,23 @@ def test_streaming_streams_equal_in_memory_and_resume():
     assert all(torch.equal(a[0], b[0]) for a, b in zip(rest, memory[10:])) and len(rest) == len(memory) - 10
 
 
+def test_streaming_with_a_wrong_num_tokens_is_a_value_error():
+    chunks = [np.arange(0, 50), np.arange(50, 100)]  # a 100-token corpus
+
+    def read(num_tokens, tgt_len=10, **kwargs):
+        return collect(StreamingOrderedStreams(lambda: iter(chunks), 2, tgt_len, num_tokens=num_tokens, **kwargs))
+
+    assert len(read(100)) == 4 and len(read(None)) == 4
+    with pytest.raises(ValueError, match=r"num_tokens=150 but open_chunks\(\) holds only 100 tokens"):
+        read(150)  # a row runs out of chunks (was "RuntimeError: generator raised StopIteration")
+    with pytest.raises(ValueError, match=r"num_tokens=101 but open_chunks\(\) holds only 100 tokens"):
+        read(101, tgt_len=7)  # only the dropped tail is missing: found at the end of the epoch
+    with pytest.raises(ValueError, match=r"num_tokens=60 but open_chunks\(\) holds more than 60"):
+        read(60)  # was: 2 rows of 29 tokens, the last 40 tokens silently dropped
+    with pytest.raises(ValueError, match=r"num_tokens=60 but open_chunks\(\) holds more than 60"):
+        read(60, rank=1, world_size=2)  # the process that owns the last row checks
+
+
 def test_memmap_tokens(tmp_path):
     tokens = np.arange(1_000, dtype=np.int32)
     tokens.tofile(tmp_path / "ids.bin")

@@ -122,27 +122,51 @@ class OrderedStreams:
 
 
 class _RowReader:
-    """Reads one row's contiguous region from its own iterator of chunks, L+1 tokens at a time."""
+    """Reads one row's contiguous region from its own iterator of chunks, L+1 tokens at a time. `num_tokens` is the
+    corpus length the layout assumes: running out of chunks before it is a ValueError, not a StopIteration (which a
+    generator turns into "RuntimeError: generator raised StopIteration")."""
 
-    def __init__(self, open_chunks, start: int):
+    def __init__(self, open_chunks, start: int, num_tokens: int):
         self.chunks = iter(open_chunks())
+        self.num_tokens, self.read = num_tokens, 0  # tokens taken from the iterator so far
         self.buffer = np.zeros(0, dtype=np.int64)
         self._skip(start)
+
+    def _wrong_count(self, holds: str) -> ValueError:
+        return ValueError(f"num_tokens={self.num_tokens} but open_chunks() holds {holds} tokens; expected the "
+                          "corpus's token count (or num_tokens=None to count it)")
+
+    def _next_chunk(self) -> np.ndarray:
+        try:
+            chunk = np.asarray(next(self.chunks), dtype=np.int64).reshape(-1)
+        except StopIteration:
+            raise self._wrong_count(f"only {self.read}") from None
+        self.read += chunk.size
+        return chunk
 
     def _fill(self, count: int) -> None:
         parts = [self.buffer]
         have = self.buffer.size
         while have < count:
-            chunk = np.asarray(next(self.chunks), dtype=np.int64).reshape(-1)
-            parts.append(chunk)
-            have += chunk.size
+            parts.append(self._next_chunk())
+            have += parts[-1].size
         self.buffer = np.concatenate(parts)
 
     def _skip(self, count: int) -> None:
         while count > self.buffer.size:  # drop whole chunks without keeping them
             count -= self.buffer.size
-            self.buffer = np.asarray(next(self.chunks), dtype=np.int64).reshape(-1)
+            self.buffer = self._next_chunk()
         self.buffer = self.buffer[count:]
+
+    def check_end(self) -> None:
+        """Reads the rest of the iterator (for the last row: at most the dropped tail) and checks that the corpus
+        ends at `num_tokens`; a longer corpus would otherwise be silently cut and laid out on the wrong rows."""
+        for chunk in self.chunks:
+            self.read += np.asarray(chunk).size
+            if self.read > self.num_tokens:  # stop here: the rest of a much longer corpus need not be read
+                raise self._wrong_count(f"more than {self.num_tokens} (at least {self.read})")
+        if self.read < self.num_tokens:
+            raise self._wrong_count(f"only {self.read}")
 
     def window(self, length: int) -> np.ndarray:
         """The next `length + 1` tokens; advances by `length` (the lookahead token stays for the next window)."""
@@ -160,6 +184,8 @@ class StreamingOrderedStreams(OrderedStreams):
     mapped through the tokenizer. Each owned row opens its own iterator and skips to its region (row b starts at
     token b·n), so memory is O(B/W · chunk size) and the token count N is needed up front: pass `num_tokens` when it
     is known (dataset metadata), otherwise one counting pass is made. Resuming skips each row to its position.
+    A wrong `num_tokens` is a ValueError: when a row runs out of chunks, or, for a corpus longer than `num_tokens`,
+    at the last batch of the epoch (checked by the process that owns the last row, which reads the dropped tail).
     """
 
     def __init__(self, open_chunks: Callable[[], Iterable], batch_size: int, tgt_len: int, *,
@@ -175,10 +201,12 @@ class StreamingOrderedStreams(OrderedStreams):
         if not 0 <= index < len(self):
             raise IndexError(f"segment {index} out of range; expected 0 <= index < {len(self)}")
         if self._readers is None or self._reader_position != index:
-            self._readers = [_RowReader(self._open_chunks, row * self.row_len + index * self.tgt_len)
+            self._readers = [_RowReader(self._open_chunks, row * self.row_len + index * self.tgt_len, self.num_tokens)
                              for row in self.rows]
         windows = torch.from_numpy(np.stack([reader.window(self.tgt_len) for reader in self._readers]))
         self._reader_position = index + 1
+        if index == len(self) - 1 and self.rows[-1] == self.batch_size - 1:
+            self._readers[-1].check_end()  # the last row's reader stands near the corpus end: check num_tokens there
         return {"input_ids": windows[:, :-1], "next_token_labels": windows[:, 1:]}
 
     def load_state_dict(self, state: dict) -> None:
