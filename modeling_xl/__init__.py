@@ -12,6 +12,7 @@ from transformers import (
 )
 
 from .configuration_transformer_xl import PRESETS, RECIPES, TransformerXLConfig
+from .legacy_conversion import LegacyTransfoXLConfig
 from .modeling_classification import TransformerXLForSequenceClassification, TransformerXLSequenceClassifierOutput
 from .modeling_transformer_xl import (
     TransformerXLCausalLMOutput,
@@ -27,6 +28,8 @@ from .modeling_permutation_lm import (
 )
 
 AutoConfig.register(TransformerXLConfig.model_type, TransformerXLConfig, exist_ok=True)
+# Legacy transformers-4.x Transformer-XL folders (model_type "transfo-xl"): converted on load by the Auto classes too.
+AutoConfig.register(LegacyTransfoXLConfig.model_type, LegacyTransfoXLConfig, exist_ok=True)
 AutoModel.register(TransformerXLConfig, TransformerXLModel, exist_ok=True)
 AutoModelForCausalLM.register(TransformerXLConfig, TransformerXLForCausalLM, exist_ok=True)
 # XLNet-style pretraining head (transformers maps XLNetLMHeadModel to AutoModelForPreTraining too).

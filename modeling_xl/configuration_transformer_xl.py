@@ -155,13 +155,9 @@ class TransformerXLConfig(PreTrainedConfig):
         config_dict, unused = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
         if config_dict.get("model_type") != "transfo-xl":
             return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
-        from .legacy_conversion import convert_config
+        from .legacy_conversion import LegacyTransfoXLConfig
 
-        return_unused = unused.pop("return_unused_kwargs", False)
-        fields = {*cls().to_dict(), "num_labels"}
-        overrides = {k: unused.pop(k) for k in list(unused) if k in fields}
-        config = convert_config(config_dict, **overrides)
-        return (config, unused) if return_unused else config
+        return LegacyTransfoXLConfig.from_dict(config_dict, **unused)
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "TransformerXLConfig":

@@ -96,6 +96,25 @@ def convert_config(legacy: dict, **overrides) -> TransformerXLConfig:
     return TransformerXLConfig(**{**fields, **overrides})
 
 
+class LegacyTransfoXLConfig(TransformerXLConfig):
+    """The reader of a legacy config.json (model_type "transfo-xl", which transformers 5 no longer knows) for
+    `AutoConfig` and the `AutoModel*` classes, registered on `import modeling_xl`. `from_dict` returns the converted
+    `TransformerXLConfig` (keyword arguments that are config fields override it), so the Auto classes pick this
+    package's models, whose `from_pretrained` converts the weights. No config of this class is ever built."""
+
+    model_type = LEGACY_MODEL_TYPE
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        return_unused = kwargs.pop("return_unused_kwargs", False)
+        for private in ("_from_auto", "_from_pipeline", "_commit_hash"):  # loading bookkeeping, as in transformers
+            kwargs.pop(private, None)
+        fields = {*TransformerXLConfig().to_dict(), "num_labels"}
+        overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in fields}
+        config = convert_config(config_dict, **overrides)
+        return (config, kwargs) if return_unused else config
+
+
 def convert_state_dict(
     legacy_state: dict[str, torch.Tensor], expected: dict[str, torch.Size], tied=(), skip_prefixes=()
 ) -> dict[str, torch.Tensor]:

@@ -416,6 +416,17 @@ def test_hub_dataset_goes_through_load_dataset_and_fails_offline_with_a_clear_me
     assert calls == [("glue", "sst2")] and sorted(raw) == ["train", "validation"]
 
 
+def test_local_train_and_dev_files_may_differ_in_columns(tmp_path):
+    from modeling_xl.training.classification import FinetuneArguments, load_raw_datasets
+
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("index\tsentence\tlabel\n7\tfine\t1\n", encoding="utf-8")
+    args = FinetuneArguments(model_name_or_path="unused", output_dir=str(tmp_path / "out"),
+                             train_file=str(tmp_path / "train.tsv"), validation_file=str(tmp_path / "dev.tsv"))
+    raw = load_raw_datasets(args)
+    assert raw["train"]["label"] == [1, 0] and raw["validation"]["sentence"] == ["fine"]
+
+
 def test_offline_metric_modules_match_definitions():
     import evaluate
 

@@ -36,12 +36,16 @@ def test_wikitext2_pipeline_counts(wt2):
 
 def test_second_run_reuses_cache(wt2):
     corpus, tokenizer, ids = wt2
-    cache_dir = Path(corpus["validation"].cache_files[0]["filename"]).parent
-    written = {p: p.stat().st_mtime_ns for p in cache_dir.glob("cache-*.arrow")}
+    cache_dirs = {Path(data.cache_files[0]["filename"]).parent for data in corpus.values()}  # one per split
+
+    def cache_files():
+        return {p: p.stat().st_mtime_ns for d in cache_dirs for p in d.glob("cache-*.arrow")}
+
+    written = cache_files()
     assert len(written) >= 3, "tokenization wrote no cache files"  # one per split, from the fixture's run
     again = tokenize_corpus(corpus, tokenizer)
     np.testing.assert_array_equal(again["validation"], ids["validation"])
-    assert {p: p.stat().st_mtime_ns for p in cache_dir.glob("cache-*.arrow")} == written  # loaded, not rewritten
+    assert cache_files() == written  # loaded, not rewritten
 
 
 def test_multiprocess_equals_single_process(wt2):
@@ -63,6 +67,17 @@ def test_local_formats(tmp_path):
         assert [r or "" for r in corpus["train"]["body"]] == rows, name
     with pytest.raises(ValueError, match="expected a text column 'text'"):
         load_corpus(tmp_path / "c.jsonl", cache_dir=str(tmp_path / "cache"))
+
+
+def test_folder_splits_with_different_columns_load(tmp_path):
+    """GLUE-style TSVs: the test split has an `index` column and no `label` (loaded together, datasets fails)."""
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\na good film\t1\na bad one\t0\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\nfine\t1\n", encoding="utf-8")
+    (tmp_path / "test.tsv").write_text("index\tsentence\n0\tunseen\n", encoding="utf-8")
+    corpus = load_corpus(tmp_path, text_column="sentence", cache_dir=str(tmp_path / "cache"))
+    assert list(corpus) == ["train", "validation", "test"]
+    assert corpus["train"]["sentence"] == ["a good film", "a bad one"] and corpus["train"]["label"] == [1, 0]
+    assert corpus["test"].column_names == ["index", "sentence"] and corpus["test"]["sentence"] == ["unseen"]
 
 
 def test_builtin_corpus_is_prose_deterministic_and_trains(tmp_path_factory):

@@ -122,6 +122,17 @@ def test_card_section_is_appended_then_replaced(tmp_path):
     assert text.count("<!-- lm-evaluation:start -->") == 1 and "## Other" in text
 
 
+@pytest.mark.parametrize("markers", ["<!-- lm-evaluation:start -->\nold", "old\n<!-- lm-evaluation:end -->",
+                                     "<!-- lm-evaluation:end -->\nx\n<!-- lm-evaluation:start -->"])
+def test_card_section_with_hand_edited_markers_is_refused_and_kept(tmp_path, markers):
+    card = tmp_path / "README.md"
+    card.write_text(f"# model\n\n{markers}\nnotes the user wrote\n")
+    before = card.read_text()
+    with pytest.raises(ValueError, match=r"lm-evaluation:start -->' [01] time\(s\) and .* expected each once"):
+        update_card_section(card, "lm-evaluation", "## Results\nppl 9")
+    assert card.read_text() == before
+
+
 def load_script(name):
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)

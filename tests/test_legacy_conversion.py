@@ -117,6 +117,26 @@ def test_legacy_checkpoint_as_classifier_and_config():
                                     "sequence_summary.summary.bias"}
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_auto_classes_load_a_legacy_checkpoint(case):
+    """After `import modeling_xl`, AutoConfig and the AutoModel classes read a legacy folder (model_type "transfo-xl",
+    unknown to transformers 5) as the classes do: converted config, converted weights, reference outputs."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from modeling_xl import TransformerXLConfig, TransformerXLForSequenceClassification
+
+    config = AutoConfig.from_pretrained(FIXTURES / case, mem_len=9)
+    assert type(config) is TransformerXLConfig and config.model_type == "transformer-xl" and config.mem_len == 9
+    assert config.to_dict() == TransformerXLConfig.from_pretrained(FIXTURES / case, mem_len=9).to_dict()
+    model = AutoModelForCausalLM.from_pretrained(FIXTURES / case)
+    assert type(model) is TransformerXLForCausalLM
+    assert_matches_legacy(model, case)
+    assert type(AutoModel.from_pretrained(FIXTURES / case)) is TransformerXLModel
+    classifier = AutoModelForSequenceClassification.from_pretrained(FIXTURES / case, num_labels=3)
+    assert type(classifier) is TransformerXLForSequenceClassification and classifier.config.num_labels == 3
+    assert AutoModelForCausalLM.from_pretrained(FIXTURES / case, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
 def test_every_legacy_key_has_a_name_and_unknown_keys_raise():
     for case in CASES:
         meta = json.loads((FIXTURES / case / "expected.json").read_text())

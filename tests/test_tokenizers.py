@@ -169,6 +169,14 @@ def test_unigram_xlnet_format_and_left_padding(unigram):
     assert unigram.decode(unigram(text)["input_ids"], skip_special_tokens=True) == text
 
 
+def test_unigram_collapses_whitespace_as_xlnet_preprocessing(unigram):
+    """XLNet's preprocess_text: `" ".join(text.strip().split())` before SentencePiece, then `` and '' become "."""
+    plain = unigram("Good morrow to you")["input_ids"]
+    for text in ("Good  morrow to you", "  Good morrow\tto   you ", "Good\nmorrow to\u00a0you"):
+        assert unigram(text)["input_ids"] == plain, repr(text)
+    assert unigram("``Ay''")["input_ids"] == unigram('"Ay"')["input_ids"]
+
+
 ISOLATED_LOAD = r"""
 import importlib.util, json, sys
 sys.path.append(sys.argv[1])  # site-packages without running its .pth files: the editable finder stays out

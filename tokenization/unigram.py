@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ._wrapping import wrap_tokenizer
 
@@ -23,7 +23,10 @@ def train_unigram_tokenizer(lines: Iterable[str], *, vocab_size: int = 8000, low
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size={vocab_size}; expected more than the {len(SPECIAL_TOKENS)} special tokens")
     tokenizer = Tokenizer(models.Unigram())
-    steps = [normalizers.NFKC(), normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+    # XLNet's `preprocess_text`: whitespace runs (tabs too) become one space and the ends are stripped, so "a  b"
+    # reads as "a b" rather than gaining a lone "▁" piece; then `` and '' become ".
+    steps = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip(),
+             normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
     if lowercase:
         steps.append(normalizers.Lowercase())
     tokenizer.normalizer = normalizers.Sequence(steps)

@@ -92,8 +92,15 @@ def _load_local(path: Path, cache_dir: str | None) -> datasets.DatasetDict:
     options = {"keep_linebreaks": False} if BUILDERS[suffix] == "text" else {}
     if suffix == ".tsv":
         options["delimiter"] = "\t"
-    data_files = {split: str(file) for split, file in files.items()}
-    return datasets.load_dataset(BUILDERS[suffix], data_files=data_files, cache_dir=cache_dir, **options)
+    return load_split_files(BUILDERS[suffix], files, cache_dir=cache_dir, **options)
+
+
+def load_split_files(builder: str, files: dict, cache_dir: str | None = None, **options) -> datasets.DatasetDict:
+    """{split: file} loaded one split at a time, so splits may differ in columns (GLUE's test.tsv has `index` and no
+    `label`); loaded together, datasets would fail to cast one split's rows to another's columns."""
+    return datasets.DatasetDict({
+        split: datasets.load_dataset(builder, data_files={split: str(file)}, cache_dir=cache_dir, **options)[split]
+        for split, file in files.items()})
 
 
 def check_utf8(path: Path, chunk_bytes: int = 1 << 20) -> None:

@@ -23,6 +23,7 @@ import datasets
 import torch
 import torch.nn.functional as F
 
+from ..data.corpora import load_split_files
 from .arguments import _positive, check_output_dir, clear_run_records
 from .checkpointing import read_training_state
 from .feedback import StepLog
@@ -111,7 +112,7 @@ def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
         raise ValueError(f"train/validation files have suffixes {sorted(suffixes)}; expected both .csv, .tsv, .json "
                          "or .jsonl")
     builder, options = LOCAL_BUILDERS[next(iter(suffixes))]
-    return datasets.load_dataset(builder, data_files=files, **options)
+    return load_split_files(builder, files, **options)
 
 
 def label_mapping(raw: datasets.DatasetDict, args: FinetuneArguments) -> dict:
