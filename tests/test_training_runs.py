@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch

@@ -25,11 +25,15 @@ Deviations from the original, on purpose:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .plm_layout import NUM_SPECIAL_TOKENS, plm_layout
+
+if TYPE_CHECKING:
+    import datasets
 
 
 @dataclass(frozen=True)
