@@ -4,12 +4,13 @@ MFU = (model FLOPs per training token x training tokens/s) / (torch.mm FLOP/s on
 2 threads). The matmul rate and the training rate are measured alternately in this one process.
 
 Model FLOPs per token (`flops_per_token`): matrix products only, 2 FLOPs per multiply-add, forward counted once and
-training = 3 x forward (backward = 2 x forward: gradients of inputs and of weights). With T = tgt_len, M = memory
-length, K = M + T keys, R = K relative positions, H heads of width D, model width d, feed-forward width d_ff:
+training = 3 x forward (backward = 2 x forward: gradients of inputs and of weights). With B = batch rows, T = tgt_len,
+M = memory length, K = M + T keys, R = K relative positions, H heads of width D, model width d, feed-forward
+width d_ff:
     per layer, per token:
         2 d (3 H D)              q, k, v of the segment (fused projection)
       + 2 d (2 H D) M / T        k, v of the memory (recomputed every segment from the memory's hidden states)
-      + 2 d (H D) R / T          W_R R, the position table projected once per segment
+      + 2 d (H D) R / (B T)      W_R R, the position table projected once per segment for all B rows
       + 2 H D K                  content scores (q + u) . k, every key (masked entries are computed too)
       + 2 H D R                  position scores (q + v) . W_R R before the shift
       + 2 H D K                  probabilities x values
@@ -18,7 +19,9 @@ length, K = M + T keys, R = K relative positions, H heads of width D, model widt
     adaptive input:  2 d_i d per token of cluster i when cluster i has a projection
     adaptive softmax: 2 d d_0 + 2 d_0 (c_0 + n_clusters) (head, with its projection if any) for every token, plus
                       f_i (2 d d_i + 2 d_i |cluster i|) for tail cluster i, f_i the measured fraction of targets in it.
-Element-wise work (LayerNorm, softmax, dropout, Adam) is not counted, as usual for MFU.
+Element-wise work (LayerNorm, softmax, dropout, Adam) is not counted, as usual for MFU. The script checks the
+forward part of this formula against `FlopCounterMode` on one training forward of the model (printed beside it):
+the two agree to within the rounding of the measured cluster fractions.
 
     python benchmarks/bench_mfu.py
 """
@@ -38,14 +41,15 @@ from bench_causal_lm import BENCH_PRESETS  # noqa: E402
 from common import matmul_flops, print_table, set_threads, stream_segments, word_level_ids, write_json  # noqa: E402
 
 
-def flops_per_token(cfg, tgt_len: int, mem_len: int, targets: torch.Tensor) -> dict:
-    """Training FLOPs per token of `cfg` (a TransformerXLConfig) for segments of `tgt_len` with `mem_len` memory;
-    `targets` (token ids) give the cluster fractions of the adaptive softmax. Returns the parts and the total."""
+def flops_per_token(cfg, batch: int, tgt_len: int, mem_len: int, targets: torch.Tensor) -> dict:
+    """Training FLOPs per token of `cfg` (a TransformerXLConfig) for batches of `batch` rows and segments of
+    `tgt_len` with `mem_len` memory; `targets` (token ids) give the cluster fractions of the adaptive softmax.
+    Returns the parts and the total."""
     d, hd, d_ff = cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner
     t, m = tgt_len, mem_len
     k = r = m + t
-    layer = (2 * d * 3 * hd + 2 * d * 2 * hd * m / t + 2 * d * hd * r / t + 2 * hd * k + 2 * hd * r + 2 * hd * k
-             + 2 * hd * d + 2 * 2 * d * d_ff)
+    layer = (2 * d * 3 * hd + 2 * d * 2 * hd * m / t + 2 * d * hd * r / (batch * t)
+             + 2 * hd * k + 2 * hd * r + 2 * hd * k + 2 * hd * d + 2 * 2 * d * d_ff)
     bounds = [0, *cfg.cutoffs, cfg.vocab_size]
     dims = [cfg.d_embed // cfg.div_val**i if cfg.div_val > 1 else cfg.d_embed for i in range(len(bounds) - 1)]
     projected = cfg.div_val > 1 or cfg.d_embed != cfg.d_model
@@ -77,6 +81,15 @@ def training_step_times(model, segments, n_steps: int, state: dict) -> list[floa
     return times
 
 
+def counted_forward_flops(model, input_ids: torch.Tensor, mems) -> float:
+    """Matrix-product FLOPs of one training forward (loss included, no backward), counted by FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=input_ids, mems=mems, labels=input_ids)
+    return counter.get_total_flops()
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="wide", choices=list(BENCH_PRESETS))
@@ -102,7 +115,8 @@ def main(argv=None) -> dict:
     segments = stream_segments(ids, batch, tgt_len, n_seg)
     state = {"step": 0, "mems": None, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)}
     training_step_times(model, segments, 2, state)  # warm-up; the memory is full (mem_len = tgt_len) from now on
-    flops = flops_per_token(cfg, tgt_len, cfg.mem_len, torch.stack(segments)[:, :, 1:])
+    flops = flops_per_token(cfg, batch, tgt_len, cfg.mem_len, torch.stack(segments)[:, :, 1:])
+    counted = counted_forward_flops(model, segments[0][:, :-1], state["mems"]) / (batch * tgt_len)
     step_times, matmul_rates = [], []
     for _ in range(args.rounds):
         matmul_rates.append(matmul_flops(args.matmul_n, repeats=5)["flops_per_s"])
@@ -113,11 +127,14 @@ def main(argv=None) -> dict:
     mfu = achieved / peak
     table = print_table(
         ["quantity", "value"],
-        [["model GFLOP / training token", flops["training"] / 1e9], ["training tokens/s", tokens_per_s],
+        [["model GFLOP / training token", flops["training"] / 1e9],
+         ["forward GFLOP / token: formula, FlopCounterMode", f"{flops['forward'] / 1e9:.4f}, {counted / 1e9:.4f}"],
+         ["training tokens/s", tokens_per_s],
          ["achieved GFLOP/s", achieved / 1e9], [f"torch.mm {args.matmul_n}^2 GFLOP/s", peak / 1e9],
          ["MFU", f"{mfu:.1%} (target >= 40%)"]],
     )
-    result = {"preset": args.preset, "compile": args.compile, "flops_per_token": flops, "tokens_per_s": tokens_per_s,
+    result = {"preset": args.preset, "compile": args.compile, "flops_per_token": flops,
+              "counted_forward_flops_per_token": counted, "tokens_per_s": tokens_per_s,
               "matmul_flops_per_s": peak, "matmul_raw": matmul_rates, "step_times": step_times,
               "achieved_flops_per_s": achieved, "mfu": mfu, "table": table}
     write_json(args.output, result)
