@@ -548,13 +548,19 @@ class RelativeMultiHeadAttention(nn.Module):
         """[B, L, H*D] -> [B, H, L, D]."""
         return x.view(x.size(0), x.size(1), self.n_head, self.d_head).transpose(1, 2)
 
-    def project(self, h: torch.Tensor, mem: torch.Tensor | None, use_cache: bool = False) -> tuple[torch.Tensor, ...]:
+    def project(self, h: torch.Tensor, mem: torch.Tensor | None, use_cache: bool = False,
+                queries: bool = True) -> tuple[torch.Tensor | None, ...]:
         """Queries from `h` [B, T, d]; keys and values from `[mem; h]` [B, M+T, d]. Each [B, H, *, D]; keys and values
         contiguous in that layout (the attention products would otherwise copy them, each time). With `use_cache`
         (set by the backbone only where `inference_cache.enabled()`) the memory's keys and values may come from the
-        cache, and those of `[mem; h]` stay pending until `keep_memory_projection`."""
+        cache, and those of `[mem; h]` stay pending until `keep_memory_projection`. `queries=False`: keys and values
+        only (the queries come back as None and are not computed)."""
         inner = self.n_head * self.d_head
-        q, k, v = F.linear(self.layer_norm(h) if self.pre_lnorm else h, self.qkv_net.weight).split(inner, dim=-1)
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        if queries:
+            q, k, v = F.linear(x, self.qkv_net.weight).split(inner, dim=-1)
+        else:
+            q, (k, v) = None, F.linear(x, self.qkv_net.weight[inner:]).split(inner, dim=-1)
         k, v = self.split_heads(k), self.split_heads(v)
         if mem is not None and mem.size(1) > 0:
             cached = self.memory_cache.get(mem, self._memory_weights()) if use_cache else None
@@ -566,7 +572,7 @@ class RelativeMultiHeadAttention(nn.Module):
             k, v = k.contiguous(), v.contiguous()
         if use_cache:
             self.memory_cache.pending = (k, v)
-        return self.split_heads(q), k, v
+        return (None if q is None else self.split_heads(q)), k, v
 
     def _memory_weights(self) -> tuple[torch.Tensor, ...]:
         return (self.qkv_net.weight, self.layer_norm.weight, self.layer_norm.bias) if self.pre_lnorm else (

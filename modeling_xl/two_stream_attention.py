@@ -163,9 +163,9 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
         Returns ([h'; g'] [B, T + P, d] (both streams' rows, merged by one output projection, residual and LayerNorm:
         one weight gradient instead of two summed), (content probs, query probs or None)). With a query stream and
         `content_output=False` (the last layer, whose content output nothing reads) only g' [B, P, d]: the content
-        stream's own attention is not computed, only the keys and values the query stream reads from it."""
+        stream's own queries and attention are not computed, only the keys and values the query stream reads from it."""
         biases = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias, self.r_s_bias)
-        q_h, k, v = self.project(h, mem)
+        q_h, k, v = self.project(h, mem, queries=g is None or content_output)
         r = self.position_keys(pos_emb)
         # Both XLNet tables start at distance K, so query i (absolute M + i) meets key j on row T - i + j: shift T.
         shift = h.size(1)

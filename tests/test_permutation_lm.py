@@ -397,28 +397,45 @@ def test_remote_code_loading_in_fresh_process(tmp_path):
     torch.testing.assert_close(got["hidden"], model.transformer(**inputs).last_hidden_state)
 
 
-def test_tied_table_gradient_matches_transformers_xlnet():
-    """Training gradients against transformers' XLNet, same weights and batch: the tied table (whose gradient our
-    model builds once, in the embedding lookup's backward, from both of its uses) and every other weight that has a
-    counterpart. `inputs_embeds` (no deferral) must give the same table gradient."""
+def test_training_gradients_match_transformers_xlnet():
+    """Training gradients against transformers' XLNet, same weights and batches (the second step with memory and
+    segment ids): every weight, mapped to XLNet's layout by the conversion's key map, and the tied table (whose
+    gradient our model builds once, in the embedding lookup's backward, from both of its uses). `inputs_embeds` (no
+    deferral) must give the same table gradient."""
+    from modeling_xl.xlnet_conversion import BACKBONE_KEY_MAP, LM_HEAD_KEY_MAP
+
     reference, ours = xlnet_pair()
     reference.train(), ours.train()
     batch, length, num_predict = 3, 8, 3
-    x = torch.randint(0, V, (batch, length))
-    perm_mask, target_mapping = order_masks(torch.stack([torch.randperm(length) for _ in range(batch)]),
-                                            num_predict)
-    labels = torch.randint(0, V, (batch, num_predict))
-    reference(x, perm_mask=perm_mask, target_mapping=target_mapping, labels=labels).loss.backward()
-    ours(x, perm_mask, target_mapping, labels=labels).loss.backward()
-    want = reference.transformer.word_embedding.weight.grad
-    assert want.abs().sum() > 0
-    torch.testing.assert_close(ours.transformer.word_emb.weight.grad, want, atol=1e-6, rtol=1e-4)
-    torch.testing.assert_close(ours.lm_head.bias.grad, reference.lm_loss.bias.grad, atol=1e-6, rtol=1e-4)
-    torch.testing.assert_close(ours.transformer.mask_emb.grad.view(-1), reference.transformer.mask_emb.grad.view(-1),
-                               atol=1e-6, rtol=1e-4)
+    ref_mems = our_mems = None
+    for _ in range(2):
+        reference.zero_grad(), ours.zero_grad()
+        x = torch.randint(0, V, (batch, length))
+        perm_mask, target_mapping = order_masks(torch.stack([torch.randperm(length) for _ in range(batch)]),
+                                                num_predict)
+        token_type_ids = torch.randint(0, 2, (batch, length))
+        labels = torch.randint(0, V, (batch, num_predict))
+        ref = reference(x, perm_mask=perm_mask, target_mapping=target_mapping, token_type_ids=token_type_ids,
+                        labels=labels, mems=ref_mems, use_mems=True)
+        ref.loss.backward()
+        last_mems = our_mems
+        out = ours(x, perm_mask, target_mapping, token_type_ids, mems=last_mems, labels=labels)
+        out.loss.backward()
+        ref_mems, our_mems = ref.mems, out.mems
+    assert last_mems[0].size(1) == 4  # the second step attended to a memory
+    key_map = {name.replace("{}", str(i)): (tuple(key.replace("{}", str(i)) for key in keys), transform)
+               for name, (keys, transform) in {**BACKBONE_KEY_MAP, **LM_HEAD_KEY_MAP}.items() for i in range(2)}
+    theirs = dict(reference.named_parameters())
+    assert ours.lm_head.weight is ours.transformer.word_emb.weight  # tied: named_parameters lists it once
+    for name, param in ours.named_parameters():
+        keys, transform = key_map[name]
+        want = transform(*(theirs[key].grad for key in keys))
+        assert want.abs().sum() > 0, name
+        torch.testing.assert_close(param.grad, want, atol=1e-6, rtol=1e-4, msg=f"gradient of {name}")
     deferred = ours.transformer.word_emb.weight.grad.clone()
     ours.zero_grad()
-    ours(None, perm_mask, target_mapping, inputs_embeds=ours.transformer.word_emb(x), labels=labels).loss.backward()
+    ours(None, perm_mask, target_mapping, token_type_ids, mems=last_mems, labels=labels,
+         inputs_embeds=ours.transformer.word_emb(x)).loss.backward()
     torch.testing.assert_close(ours.transformer.word_emb.weight.grad, deferred)
 
 
