@@ -148,22 +148,30 @@ class Hidden:
     shaped like the mask, `x * visible + fill` and `x * visible`: on CPU, `masked_fill_` with a bool mask broadcast
     over the heads is about 20x slower. The factors equal masked_fill for finite x; float16 scores can overflow to
     inf at a hidden key (inf * 0 is NaN), so float16 keeps masked_fill. Build one per block of scores: the factors
-    are 4-8x the bool mask's size."""
+    are 4-8x the bool mask's size. `visible` is built on first use and kept (`hide_` and `zero_` both read it);
+    `fill` only inside `hide_`, so that it does not outlive the scores it was added to (a backward that recomputes
+    the probabilities, then zeroes their gradient, holds one factor instead of two while its gradient buffers are
+    allocated)."""
 
     def __init__(self, mask: torch.Tensor, dtype: torch.dtype):
-        self.mask, self.exact = mask, dtype == torch.float16
-        if not self.exact:
-            self.visible = mask.logical_not().to(dtype)
-            self.fill = mask.to(dtype).mul_(torch.finfo(dtype).min)
+        self.mask, self.dtype, self.exact = mask, dtype, dtype == torch.float16
+        self._visible = None
 
     @classmethod
     def of(cls, mask: torch.Tensor | None, dtype: torch.dtype) -> "Hidden | None":
         return None if mask is None else cls(mask, dtype)
 
+    @property
+    def visible(self) -> torch.Tensor:
+        if self._visible is None:
+            self._visible = self.mask.logical_not().to(self.dtype)
+        return self._visible
+
     def hide_(self, scores: torch.Tensor) -> torch.Tensor:
         if self.exact:
             return scores.masked_fill_(self.mask, torch.finfo(scores.dtype).min)
-        return scores.mul_(self.visible).add_(self.fill)
+        fill = self.mask.to(self.dtype).mul_(torch.finfo(self.dtype).min)
+        return scores.mul_(self.visible).add_(fill)
 
     def zero_(self, grad: torch.Tensor) -> torch.Tensor:
         return grad.masked_fill_(self.mask, 0.0) if self.exact else grad.mul_(self.visible)

@@ -305,6 +305,7 @@ def test_hidden_equals_masked_fill(dtype):
     hidden = Hidden.of(mask, dtype)
     assert torch.equal(hidden.hide_(x.clone()), x.masked_fill(mask, torch.finfo(dtype).min))
     assert torch.equal(hidden.zero_(x.clone()), x.masked_fill(mask, 0))
+    assert torch.equal(Hidden.of(mask, dtype).zero_(x.clone()), x.masked_fill(mask, 0))  # zero_ alone (backward)
     assert Hidden.of(None, dtype) is None
 
 
