@@ -4,6 +4,8 @@ Ours (fresh cache dir each repeat): load the text file as a `datasets` split, tr
 (count + build), tokenize with `tokenize_corpus` (cached Arrow map), cut into ordered streams and read every batch.
 Baseline (same process): what Transformer-XL's `Vocab` does - read lines, strip/split, `Counter`, build the
 most_common vocabulary, encode line by line into LongTensors (with <eos>), concatenate, `view(B, -1)` chunking.
+Every figure is the best of `--repeats` (the fastest repeat of each side and part); prints a table and writes JSON
+(default benchmarks/results/data.json).
 Usage: python benchmarks/bench_data.py [--repeats 3] [--batch-size 60 --tgt-len 150]
 """
 
@@ -12,12 +14,16 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_table, set_threads, write_json  # noqa: E402
 
 from modeling_xl.data.corpora import load_corpus
 from modeling_xl.data.streams import OrderedStreams
@@ -66,34 +72,42 @@ def ours(path: Path, batch_size: int, tgt_len: int, num_proc: int) -> tuple[int,
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def main() -> None:
+def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=60)
     parser.add_argument("--tgt-len", type=int, default=150)
     parser.add_argument("--num-proc", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--output", default="benchmarks/results/data.json")
+    args = parser.parse_args(argv)
+    set_threads()
     print(f"cores={os.cpu_count()} load_average={os.getloadavg()[0]:.2f}")
     ours(TRAIN, args.batch_size, args.tgt_len, args.num_proc)  # warm imports / page cache for both sides
-    best_ours, best_ref = None, None
+    runs = []
     for repeat in range(args.repeats):
         tokens, times = ours(TRAIN, args.batch_size, args.tgt_len, args.num_proc)
-        total = sum(times.values())
         start = time.perf_counter()
         ref_tokens = reference_style(TRAIN, args.batch_size)
         ref = time.perf_counter() - start
         assert ref_tokens == tokens, (ref_tokens, tokens)
-        print(f"repeat {repeat}: ours {total:.3f}s ({', '.join(f'{k} {v:.3f}s' for k, v in times.items())}); "
-              f"reference-style {ref:.3f}s; tokens {tokens}")
-        best_ours = total if best_ours is None else min(best_ours, total)
-        best_ref = ref if best_ref is None else min(best_ref, ref)
-        tokenize_chunk = times["vocab"] + times["encode"] + times["chunk"]
-    print(f"ours (load+vocab+tokenize+chunk, cold cache): {tokens / best_ours / 1e6:.2f}M tokens/s "
-          f"(best of {args.repeats}: {best_ours:.3f}s)")
-    print(f"ours last repeat without the file->Dataset load: {tokens / tokenize_chunk / 1e6:.2f}M tokens/s")
-    print(f"reference-style Python vocab (count+build+encode+chunk): {tokens / best_ref / 1e6:.2f}M tokens/s "
-          f"(best {best_ref:.3f}s)")
-    print(f"ratio ours / reference-style: {best_ref / best_ours:.2f}x")
+        runs.append(dict(times, total=sum(times.values()), without_load=sum(times.values()) - times["load"],
+                         reference=ref))
+        parts = ", ".join(f"{k} {v:.3f}s" for k, v in times.items())
+        print(f"repeat {repeat}: ours {runs[-1]['total']:.3f}s ({parts}); reference-style {ref:.3f}s; tokens {tokens}")
+    best = {key: min(run[key] for run in runs) for key in ("total", "without_load", "reference")}
+    rate = {key: tokens / value for key, value in best.items()}
+    table = print_table(
+        ["pipeline (WikiText-2 train, best of %d)" % args.repeats, "s", "tokens/s"],
+        [["ours: load + vocabulary + tokenize + chunk, cold cache", best["total"], rate["total"]],
+         ["ours without the file -> Dataset load", best["without_load"], rate["without_load"]],
+         ["reference-style Python Vocab: count + build + encode + chunk", best["reference"], rate["reference"]],
+         ["ours / reference-style (end to end)", f"{best['reference'] / best['total']:.2f}x",
+          "target >= 1.5M tokens/s"]],
+    )
+    result = {"tokens": tokens, "repeats": runs, "best_s": best, "tokens_per_s": rate, "table": table,
+              "batch_size": args.batch_size, "tgt_len": args.tgt_len, "num_proc": args.num_proc}
+    write_json(args.output, result)
+    return result
 
 
 if __name__ == "__main__":

@@ -3,14 +3,15 @@
 MFU = (model FLOPs per training token x training tokens/s) / (torch.mm FLOP/s on large square float32 matrices,
 2 threads). The matmul rate and the training rate are measured alternately in this one process.
 
-Model FLOPs per token (`flops_per_token`): matrix products only, 2 FLOPs per multiply-add, forward counted once and
-training = 3 x forward (backward = 2 x forward: gradients of inputs and of weights). With B = batch rows, T = tgt_len,
-M = memory length, K = M + T keys, R = K relative positions, H heads of width D, model width d, feed-forward
-width d_ff:
+Model FLOPs per token (`flops_per_token`): matrix products only, 2 FLOPs per multiply-add. A product costs 3 x its
+forward in training (backward: the gradients of its input and of its weight), except the two whose input needs no
+gradient (the memory is detached, the position table is a constant sinusoid), which cost 2 x (marked * below). With
+B = batch rows, T = tgt_len, M = memory length, K = M + T keys, R = K relative positions, H heads of width D, model
+width d, feed-forward width d_ff:
     per layer, per token:
         2 d (3 H D)              q, k, v of the segment (fused projection)
-      + 2 d (2 H D) M / T        k, v of the memory (recomputed every segment from the memory's hidden states)
-      + 2 d (H D) R / (B T)      W_R R, the position table projected once per segment for all B rows
+      + 2 d (2 H D) M / T        k, v of the memory (recomputed every segment from the memory's hidden states) *
+      + 2 d (H D) R / (B T)      W_R R, the position table projected once per segment for all B rows *
       + 2 H D K                  content scores (q + u) . k, every key (masked entries are computed too)
       + 2 H D R                  position scores (q + v) . W_R R before the shift
       + 2 H D K                  probabilities x values
@@ -19,9 +20,11 @@ width d_ff:
     adaptive input:  2 d_i d per token of cluster i when cluster i has a projection
     adaptive softmax: 2 d d_0 + 2 d_0 (c_0 + n_clusters) (head, with its projection if any) for every token, plus
                       f_i (2 d d_i + 2 d_i |cluster i|) for tail cluster i, f_i the measured fraction of targets in it.
-Element-wise work (LayerNorm, softmax, dropout, Adam) is not counted, as usual for MFU. The script checks the
-forward part of this formula against `FlopCounterMode` on one training forward of the model (printed beside it):
-the two agree to within the rounding of the measured cluster fractions.
+Element-wise work (LayerNorm, softmax, dropout, Adam) is not counted, as usual for MFU, nor is work an
+implementation adds (our training recomputes the attention scores in backward). The script prints `FlopCounterMode`'s
+counts beside the formula: one training forward (which must agree with the formula's forward, to within the rounding
+of the measured cluster fractions) and one whole training step (the formula's training FLOPs plus the recomputed
+products).
 
     python benchmarks/bench_mfu.py
 """
@@ -48,8 +51,8 @@ def flops_per_token(cfg, batch: int, tgt_len: int, mem_len: int, targets: torch.
     d, hd, d_ff = cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner
     t, m = tgt_len, mem_len
     k = r = m + t
-    layer = (2 * d * 3 * hd + 2 * d * 2 * hd * m / t + 2 * d * hd * r / (batch * t)
-             + 2 * hd * k + 2 * hd * r + 2 * hd * k + 2 * hd * d + 2 * 2 * d * d_ff)
+    weight_only = 2 * d * 2 * hd * m / t + 2 * d * hd * r / (batch * t)  # memory k, v and W_R R: no input gradient
+    layer = 2 * d * 3 * hd + weight_only + 2 * hd * k + 2 * hd * r + 2 * hd * k + 2 * hd * d + 2 * 2 * d * d_ff
     bounds = [0, *cfg.cutoffs, cfg.vocab_size]
     dims = [cfg.d_embed // cfg.div_val**i if cfg.div_val > 1 else cfg.d_embed for i in range(len(bounds) - 1)]
     projected = cfg.div_val > 1 or cfg.d_embed != cfg.d_model
@@ -61,7 +64,7 @@ def flops_per_token(cfg, batch: int, tgt_len: int, mem_len: int, targets: torch.
         softmax += fractions[i] * ((2 * d * dims[i] if projected else 0) + 2 * dims[i] * (bounds[i + 1] - bounds[i]))
     forward = cfg.n_layer * layer + embed + softmax
     return {"layers_fwd": cfg.n_layer * layer, "embedding_fwd": embed, "softmax_fwd": softmax,
-            "forward": forward, "training": 3 * forward}
+            "forward": forward, "training": 3 * forward - cfg.n_layer * weight_only}
 
 
 def training_step_times(model, segments, n_steps: int, state: dict) -> list[float]:
@@ -81,12 +84,17 @@ def training_step_times(model, segments, n_steps: int, state: dict) -> list[floa
     return times
 
 
-def counted_forward_flops(model, input_ids: torch.Tensor, mems) -> float:
-    """Matrix-product FLOPs of one training forward (loss included, no backward), counted by FlopCounterMode."""
+def counted_flops(model, input_ids: torch.Tensor, mems, optimizer=None) -> float:
+    """Matrix-product FLOPs counted by FlopCounterMode: of one training forward (loss included), or with `optimizer`
+    of one whole training step (forward, backward, optimizer step)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
-        model(input_ids=input_ids, mems=mems, labels=input_ids)
+        out = model(input_ids=input_ids, mems=mems, labels=input_ids)
+        if optimizer is not None:
+            out.loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
 
@@ -116,7 +124,9 @@ def main(argv=None) -> dict:
     state = {"step": 0, "mems": None, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)}
     training_step_times(model, segments, 2, state)  # warm-up; the memory is full (mem_len = tgt_len) from now on
     flops = flops_per_token(cfg, batch, tgt_len, cfg.mem_len, torch.stack(segments)[:, :, 1:])
-    counted = counted_forward_flops(model, segments[0][:, :-1], state["mems"]) / (batch * tgt_len)
+    counted = {"forward": counted_flops(model, segments[0][:, :-1], state["mems"]) / (batch * tgt_len),
+               "training": counted_flops(model, segments[0][:, :-1], state["mems"], state["optimizer"])
+               / (batch * tgt_len)}
     step_times, matmul_rates = [], []
     for _ in range(args.rounds):
         matmul_rates.append(matmul_flops(args.matmul_n, repeats=5)["flops_per_s"])
@@ -128,13 +138,16 @@ def main(argv=None) -> dict:
     table = print_table(
         ["quantity", "value"],
         [["model GFLOP / training token", flops["training"] / 1e9],
-         ["forward GFLOP / token: formula, FlopCounterMode", f"{flops['forward'] / 1e9:.4f}, {counted / 1e9:.4f}"],
+         ["forward GFLOP / token: formula, FlopCounterMode", f"{flops['forward'] / 1e9:.4f}, "
+          f"{counted['forward'] / 1e9:.4f}"],
+         ["training step GFLOP / token, FlopCounterMode (recomputed scores included)",
+          f"{counted['training'] / 1e9:.4f}"],
          ["training tokens/s", tokens_per_s],
          ["achieved GFLOP/s", achieved / 1e9], [f"torch.mm {args.matmul_n}^2 GFLOP/s", peak / 1e9],
          ["MFU", f"{mfu:.1%} (target >= 40%)"]],
     )
     result = {"preset": args.preset, "compile": args.compile, "flops_per_token": flops,
-              "counted_forward_flops_per_token": counted, "tokens_per_s": tokens_per_s,
+              "counted_flops_per_token": counted, "tokens_per_s": tokens_per_s,
               "matmul_flops_per_s": peak, "matmul_raw": matmul_rates, "step_times": step_times,
               "achieved_flops_per_s": achieved, "mfu": mfu, "table": table}
     write_json(args.output, result)

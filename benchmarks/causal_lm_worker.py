@@ -8,9 +8,11 @@ Modes:
     eval    no_grad forward with labels, memory carried.
 Options: `optimizer` "adam-fused" (default: `fused=True`, one kernel per step) or "adam" (torch's default);
 `autocast` "bf16" runs the forward under `torch.autocast("cpu", torch.bfloat16)` (weights and Adam stay float32).
-Answer (one JSON line): per-step seconds of the timed steps, tokens per step, peak extra memory (RSS), the losses,
-the matrix-product FLOPs of one more step counted by `torch.utils.flop_counter.FlopCounterMode` (what this
-implementation really multiplies, wasted work included) and the tensor peak of one more step (`tensor_peak`).
+Answer (one JSON line): per-step seconds of the timed steps, tokens per step, the growth of resident memory (RSS)
+over the timed steps, the losses, the matrix-product FLOPs of one more step counted by
+`torch.utils.flop_counter.FlopCounterMode` (what this implementation really multiplies, wasted work included), the
+tensor peak of one more step (`tensor_peak`: everything alive, weights included) and the float32 torch.mm rate
+measured in this process right after its steps (for the step's matmul floor).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 
 import torch
 
-from common import PeakMemory, emit, set_threads, worker_args
+from common import PeakMemory, emit, matmul_flops, set_threads, worker_args
 
 
 def load_model(args):
@@ -64,12 +66,27 @@ def one_step(model, inputs, mems, optimizer, precision):
     return out
 
 
-def tensor_peak(step, optimizer) -> int:
-    """Allocator-independent peak: the most bytes of tensors allocated during `step` and alive at once (torch
-    profiler memory events, in order), plus the optimizer state that persists between steps. Unlike RSS it holds no
-    allocator slack, thread buffers or library scratch space: what the implementation itself asks for."""
+def live_tensor_bytes() -> int:
+    """Bytes of every CPU tensor storage reachable from Python now (found through `gc`), each storage counted once:
+    weights, gradients, optimizer state, the memory carried between segments, caches, data."""
+    import gc
+
+    storages = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and obj.layout == torch.strided:
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = max(storage.nbytes(), storages.get(storage.data_ptr(), 0))
+    return sum(storages.values())
+
+
+def tensor_peak(step) -> dict:
+    """Allocator-independent peak of one call of `step`: the bytes of every tensor alive when it starts (weights,
+    optimizer state, carried memory, caches: `live_tensor_bytes`) plus the largest sum of the bytes it allocates and
+    frees (torch profiler memory events, in order). Unlike RSS it holds no allocator slack, thread buffers or library
+    scratch space: what the implementation itself keeps and asks for."""
     from torch.profiler import ProfilerActivity, profile
 
+    resident = live_tensor_bytes()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
@@ -78,9 +95,7 @@ def tensor_peak(step, optimizer) -> int:
     for event in events:
         live += event.nbytes()
         peak = max(peak, live)
-    state = 0 if optimizer is None else sum(v.numel() * v.element_size() for s in optimizer.state.values()
-                                            for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
-    return peak + state
+    return {"tensor_peak_bytes": resident + peak, "resident_bytes": resident, "step_peak_bytes": peak}
 
 
 def run(args) -> dict:
@@ -112,10 +127,11 @@ def run(args) -> dict:
 
     with FlopCounterMode(display=False) as counter:
         one_step(model, segments[(n_warmup + n_steps) % len(segments)][:, :-1], mems, optimizer, precision)
-    tensors = tensor_peak(lambda: one_step(model, segments[0][:, :-1], mems, optimizer, precision), optimizer)
+    tensors = tensor_peak(lambda: one_step(model, segments[0][:, :-1], mems, optimizer, precision))
+    rate = matmul_flops(2048, repeats=5)["flops_per_s"]  # after the steps: its 16 MB matrices would move RSS
     batch, qlen = segments.shape[1], segments.shape[2] - 1
     return {"times": times, "tokens_per_step": batch * qlen, "peak_bytes": peak, "peak_method": memory.method,
-            "matmul_flops_per_step": counter.get_total_flops(), "tensor_peak_bytes": tensors,
+            "matmul_flops_per_step": counter.get_total_flops(), **tensors, "matmul_flops_per_s": rate,
             "losses": losses, "mem_len_seen": int(mems[0].shape[0 if args["impl"] == "legacy" else 1])}
 
 
