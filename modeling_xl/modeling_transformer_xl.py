@@ -519,15 +519,28 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
             return None
         return table_gradient_for(word_emb.emb_layers[0], self.lm_head.out_layers[0], input_ids, inputs_embeds)
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, **kwargs):
-        """`generate` keeps our memory under `past_key_values`; with memory, only the newest token is fed, and the
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs):
+        """`generate` carries our memory under `mems` (one of the state names transformers' beam search reorders
+        through `_reorder_cache`). Set here because transformers moves the state under a name of its own that
+        changed between releases: up to 5.23 `past_key_values`, read from an output's `mems`; from 5.24 `cache`,
+        read only from an output field of that name, so the memory was dropped and every step re-read the whole
+        sequence."""
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
+        for name in ("past_key_values", "cache"):
+            if name in model_kwargs and model_kwargs[name] is outputs.mems:
+                del model_kwargs[name]
+        model_kwargs["mems"] = outputs.mems
+        return model_kwargs
+
+    def prepare_inputs_for_generation(self, input_ids, mems=None, attention_mask=None, **kwargs):
+        """With memory (`mems`, see `_update_model_kwargs_for_generation`), only the newest token is fed, and the
         attention mask (which `generate` extends by one real token per step) is cut to the memory's tokens plus it,
         so that padding stays hidden once it is in memory."""
-        if past_key_values is not None:
+        if mems is not None:
             input_ids = input_ids[:, -1:]
-        inputs = {"input_ids": input_ids, "mems": past_key_values}
+        inputs = {"input_ids": input_ids, "mems": mems}
         if attention_mask is not None:
-            mlen = 0 if past_key_values is None else past_key_values[0].size(1)
+            mlen = 0 if mems is None else mems[0].size(1)
             inputs["attention_mask"] = attention_mask[:, -(mlen + input_ids.size(1)):]
         for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache"):
             if kwargs.get(name) is not None:
