@@ -97,6 +97,17 @@ def test_unwritable_output_dir_is_reported(tmp_path):
         arguments_module.check_output_dir(str(blocker / "out"))
 
 
+def test_output_dir_check_leaves_other_processes_probes_alone(tmp_path):
+    """Every process of a multi-process run checks the output folder at once: one process's write probe must not be
+    another's (a shared probe name let one process delete the file the other was about to remove, and that process
+    then reported the folder as not writable). The check leaves nothing behind."""
+    other = tmp_path / ".write_test"  # the probe name every process used before
+    other.write_text("another process's probe")
+    assert arguments_module.check_output_dir(str(tmp_path)) == tmp_path
+    assert other.read_text() == "another process's probe"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".write_test"]
+
+
 # ---------------------------------------------------------------- the loop's view of the streams
 
 class _Tokenizer:

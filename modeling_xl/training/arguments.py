@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -314,11 +315,12 @@ def check_output_dir(path: str, resuming: bool = False, overwrite: bool = False,
                          "--overwrite_output_dir to start afresh there (deletes its checkpoints and logs)")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
+        # a probe file of its own per process: every process of a multi-process run checks the same folder at once
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write_test_"):
+            pass
     except OSError as error:
-        raise ValueError(f"output_dir={path!r} is not writable ({error.strerror or error}); expected a folder you can write to") from None
+        raise ValueError(f"output_dir={path!r} is not writable ({error.strerror or error}); expected a folder you "
+                         "can write to") from None
     return out
 
 
