@@ -14,7 +14,7 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 
 from .checkpointing import CHECKPOINTS
 
-UPLOAD_EXCLUDE = [f"{CHECKPOINTS}/*", ".tmp*", "**/.tmp*", ".write_test"]
+UPLOAD_EXCLUDE = [f"{CHECKPOINTS}/*", ".tmp*", "**/.tmp*", ".write_test*"]  # .write_test*: output-folder probes
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_cards"
 
 
@@ -29,7 +29,7 @@ def upload_file_list(folder) -> list[str]:
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder)
         if path.is_file() and relative.parts[0] != CHECKPOINTS and not any(p.startswith(".tmp") for p in relative.parts):
-            if relative.name != ".write_test":
+            if not relative.name.startswith(".write_test"):
                 files.append(relative.as_posix())
     return files
 
