@@ -90,8 +90,8 @@ def main(argv=None) -> dict:
         ref_tokens = reference_style(TRAIN, args.batch_size)
         ref = time.perf_counter() - start
         assert ref_tokens == tokens, (ref_tokens, tokens)
-        runs.append(dict(times, total=sum(times.values()), without_load=sum(times.values()) - times["load"],
-                         reference=ref))
+        total = sum(times.values())
+        runs.append(dict(times, total=total, without_load=total - times["load"], reference=ref))
         parts = ", ".join(f"{k} {v:.3f}s" for k, v in times.items())
         print(f"repeat {repeat}: ours {runs[-1]['total']:.3f}s ({parts}); reference-style {ref:.3f}s; tokens {tokens}")
     best = {key: min(run[key] for run in runs) for key in ("total", "without_load", "reference")}

@@ -32,6 +32,7 @@ products).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -41,7 +42,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_causal_lm import BENCH_PRESETS  # noqa: E402
-from common import matmul_flops, print_table, set_threads, stream_segments, word_level_ids, write_json  # noqa: E402
+from causal_lm_worker import one_step  # noqa: E402
+from common import (  # noqa: E402
+    counted_matmul_flops,
+    matmul_flops,
+    print_table,
+    set_threads,
+    stream_segments,
+    word_level_ids,
+    write_json,
+)
 
 
 def flops_per_token(cfg, batch: int, tgt_len: int, mem_len: int, targets: torch.Tensor) -> dict:
@@ -84,20 +94,6 @@ def training_step_times(model, segments, n_steps: int, state: dict) -> list[floa
     return times
 
 
-def counted_flops(model, input_ids: torch.Tensor, mems, optimizer=None) -> float:
-    """Matrix-product FLOPs counted by FlopCounterMode: of one training forward (loss included), or with `optimizer`
-    of one whole training step (forward, backward, optimizer step)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        out = model(input_ids=input_ids, mems=mems, labels=input_ids)
-        if optimizer is not None:
-            out.loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="wide", choices=list(BENCH_PRESETS))
@@ -124,9 +120,12 @@ def main(argv=None) -> dict:
     state = {"step": 0, "mems": None, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)}
     training_step_times(model, segments, 2, state)  # warm-up; the memory is full (mem_len = tgt_len) from now on
     flops = flops_per_token(cfg, batch, tgt_len, cfg.mem_len, torch.stack(segments)[:, :, 1:])
-    counted = {"forward": counted_flops(model, segments[0][:, :-1], state["mems"]) / (batch * tgt_len),
-               "training": counted_flops(model, segments[0][:, :-1], state["mems"], state["optimizer"])
-               / (batch * tgt_len)}
+    inputs, tokens = segments[0][:, :-1], batch * tgt_len
+    counted = {  # one training forward (loss included), then one whole training step
+        "forward": counted_matmul_flops(lambda: model(input_ids=inputs, mems=state["mems"], labels=inputs)) / tokens,
+        "training": counted_matmul_flops(lambda: one_step(model, inputs, state["mems"], state["optimizer"],
+                                                          contextlib.nullcontext())) / tokens,
+    }
     step_times, matmul_rates = [], []
     for _ in range(args.rounds):
         matmul_rates.append(matmul_flops(args.matmul_n, repeats=5)["flops_per_s"])

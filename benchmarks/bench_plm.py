@@ -23,7 +23,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import matmul_flops, print_table, set_threads, word_level_ids, write_json  # noqa: E402
+from common import (  # noqa: E402
+    counted_matmul_flops,
+    matmul_flops,
+    print_table,
+    set_threads,
+    word_level_ids,
+    write_json,
+)
 
 # XLNet-base shape cut to 2 cores: 6 layers of width 512, sequences of 128 (reuse 64), memory 96, 21 predictions.
 XLNET = dict(vocab_size=16000, d_model=512, n_layer=6, n_head=8, d_inner=2048, ff_activation="gelu",
@@ -119,13 +126,8 @@ def main(argv=None) -> dict:
         rates.append(matmul_flops(2048, repeats=3)["flops_per_s"])
         for name, (model, fn, state) in sides.items():
             times[name] += timed_steps(model, fn, batches, state, args.steps)
-    from torch.utils.flop_counter import FlopCounterMode
-
-    flops = {}
-    for name, (model, fn, state) in sides.items():
-        with FlopCounterMode(display=False) as counter:
-            timed_steps(model, fn, batches, state, 1)
-        flops[name] = counter.get_total_flops()
+    flops = {name: counted_matmul_flops(lambda: timed_steps(model, fn, batches, state, 1))
+             for name, (model, fn, state) in sides.items()}
     rate = statistics.median(rates)
     tokens = BATCH * SEQ_LEN
     steps = {name: statistics.median(t) for name, t in times.items()}

@@ -142,6 +142,16 @@ def matmul_flops(n: int = 2048, repeats: int = 5) -> dict:
     return stats
 
 
+def counted_matmul_flops(fn) -> int:
+    """Matrix-product FLOPs of calling `fn()` (torch.utils.flop_counter.FlopCounterMode): what the code really
+    multiplies, wasted work included."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
 # ------------------------------------------------------------------------------------------------------- subprocesses
 def run_worker(python: str, script: str | Path, args: dict, timeout: int = 1800) -> dict:
     """Run `python script --args JSON` in a fresh process (2 threads) and return the JSON of its last stdout line."""

@@ -476,7 +476,7 @@ import sys, torch
 from transformers import AutoModel
 model = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
 print(type(model).__name__)
-torch.save(model(torch.load(sys.argv[2])).last_hidden_state, sys.argv[3])
+torch.save(model(torch.load(sys.argv[2], weights_only=True)).last_hidden_state, sys.argv[3])
 """
 
 

@@ -315,9 +315,9 @@ def check_output_dir(path: str, resuming: bool = False, overwrite: bool = False,
                          "--overwrite_output_dir to start afresh there (deletes its checkpoints and logs)")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        # a probe file of its own per process: every process of a multi-process run checks the same folder at once
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".write_test_"):
-            pass
+        # a probe file of its own per process (every process of a multi-process run checks the same folder at once);
+        # closing it deletes it
+        tempfile.NamedTemporaryFile(dir=out, prefix=".write_test_").close()
     except OSError as error:
         raise ValueError(f"output_dir={path!r} is not writable ({error.strerror or error}); expected a folder you "
                          "can write to") from None
