@@ -34,26 +34,48 @@ class GatheredLogSoftmax(torch.autograd.Function):
     head's logits) alive at the start of backward. Here the gradient g * (onehot - softmax) is written into the saved
     log-probabilities themselves: one table. Backward consumes that buffer, so a second backward through the same
     graph (retain_graph=True) raises autograd's in-place-modification error instead of a wrong gradient.
+    With `consume` the log-probabilities are written over the logits (in row blocks of at most 4 MiB of scratch), so
+    that logits and log-probabilities are never alive at once: at the `wide` preset the head's are 19 MiB each, and
+    the end of the forward pass was a training step's peak once the layers' activations had shrunk. The logits must
+    then be a tensor no other node needs (a product's output); they are returned, marked dirty, holding the
+    log-probabilities. Returns (gathered [N], log-probabilities [N, C]).
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        logprob = torch.log_softmax(logits, dim=-1)
+    def forward(ctx, logits: torch.Tensor, index: torch.Tensor, consume: bool):
+        ctx.set_materialize_grads(False)
+        if consume:
+            rows = max(1, 4 * 2**20 // max(1, logits.size(1) * logits.element_size()))
+            for block in logits.split(rows):
+                block.copy_(torch.log_softmax(block, dim=-1))
+            ctx.mark_dirty(logits)
+            logprob = logits
+        else:
+            logprob = torch.log_softmax(logits, dim=-1)
         ctx.save_for_backward(logprob, index)
-        return logprob.gather(1, index[:, None]).squeeze(1)
+        return logprob.gather(1, index[:, None]).squeeze(1), logprob
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx, grad: torch.Tensor | None, grad_logprob: torch.Tensor | None):
+        # d/dlogits of sum(g * gathered) + sum(G * logprob) = onehot * g + G - softmax * (g + rowsum(G))
         logprob, index = ctx.saved_tensors
-        grad_logits = logprob.exp_().mul_(-grad[:, None].to(logprob.dtype))
-        grad_logits.scatter_add_(1, index[:, None], grad[:, None].to(logprob.dtype))
-        return grad_logits, None
+        total = torch.zeros(logprob.size(0), dtype=logprob.dtype, device=logprob.device) if grad is None else (
+            grad.to(logprob.dtype))
+        if grad_logprob is not None:
+            total = total + grad_logprob.sum(-1).to(logprob.dtype)
+        grad_logits = logprob.exp_().mul_(-total[:, None])
+        if grad is not None:
+            grad_logits.scatter_add_(1, index[:, None], grad[:, None].to(logprob.dtype))
+        if grad_logprob is not None:
+            grad_logits += grad_logprob
+        return grad_logits, None, None
 
 
-def gathered_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Log-probability of column `index[i]` in row i of `log_softmax(logits)`; see `GatheredLogSoftmax`."""
+def gathered_log_softmax(logits: torch.Tensor, index: torch.Tensor, consume: bool = False) -> torch.Tensor:
+    """Log-probability of column `index[i]` in row i of `log_softmax(logits)`; see `GatheredLogSoftmax` (`consume`:
+    the logits' buffer may be overwritten, under autograd)."""
     if torch.is_grad_enabled() and logits.requires_grad:
-        return GatheredLogSoftmax.apply(logits, index)
+        return GatheredLogSoftmax.apply(logits, index, consume)[0]
     return torch.log_softmax(logits, dim=-1).gather(1, index[:, None]).squeeze(1)
 
 
@@ -62,10 +84,12 @@ class TableGradient:
 
     The output softmax is the first node of backward and the embedding lookup the last. Computed in the softmax's
     backward, the table's gradient ([V, d], 61 MB at the `wide` benchmark preset) would be allocated while every
-    activation of the step is still alive, the peak of a training step. Instead `SharedTableLogits` leaves here what
-    the gradient is made of (the logits' gradients and the hidden states they multiply, both already alive), and
-    `TiedEmbeddingLookup`'s backward, when activations are gone, builds the gradient of both uses of the table in one
-    buffer. Created per forward by the causal and permutation LMs and handed to both nodes.
+    activation of the step is still alive, the peak of a training step. Instead `SharedTableLogits` leaves here, per
+    cluster, what that cluster's rows of the gradient are made of (its logits' gradient and the hidden states they
+    multiply, both already alive), or the rows themselves where they are smaller (the head at the `wide` preset:
+    5,000 x 512 floats against 1,024 x 5,002 logits plus 1,024 x 512 hidden states, 10 instead of 22 MiB held through
+    the layers' backward), and `TiedEmbeddingLookup`'s backward, when activations are gone, builds the gradient of both
+    uses of the table in one buffer. Created per forward by the causal and permutation LMs and handed to both nodes.
     Terms are kept per backward pass (autograd's graph-task id): the lookup takes those of its own pass and drops any
     left by an earlier pass that never reached it (`torch.autograd.grad` of other inputs with `retain_graph=True`),
     and a term arriving in a pass whose lookup has already run is computed where it arises. The lookup must be in the
@@ -73,16 +97,27 @@ class TableGradient:
     """
 
     def __init__(self):
-        self.terms: list[tuple[int, list[int], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
+        # (backward pass, pieces); a piece is (first row, rows' gradient) or (first row, logits' gradient, hidden)
+        self.terms: list[tuple[int, list[tuple[int, torch.Tensor] | tuple[int, torch.Tensor, torch.Tensor]]]] = []
         self.looked_up: set[int] = set()  # backward passes in which the lookup has run
 
     def defer(self, sizes, grads, hiddens) -> bool:
         """Keep one softmax term for the lookup of this backward pass; False if that lookup has already run, or under
-        compiled autograd (see `compiled_autograd_active`): the caller then computes the term where it is."""
+        compiled autograd (see `compiled_autograd_active`): the caller then computes the term where it is. A cluster
+        whose rows of the gradient take fewer bytes than its logits' gradient and hidden states is multiplied out
+        now, so that only the product is held."""
         task = torch._C._current_graph_task_id()
         if task in self.looked_up or compiled_autograd_active():
             return False
-        self.terms.append((task, sizes, grads, hiddens))
+        pieces, lo = [], 0
+        for size, grad, hidden in zip(sizes, grads, hiddens):
+            rows = grad[:, :size]
+            if size * hidden.size(1) < grad.numel() + hidden.numel():
+                pieces.append((lo, torch.mm(rows.t(), hidden)))
+            else:
+                pieces.append((lo, rows, hidden))
+            lo += size
+        self.terms.append((task, pieces))
         return True
 
     def take_into(self, grad_weight: torch.Tensor | None) -> bool:
@@ -93,8 +128,13 @@ class TableGradient:
         terms, self.terms = [t for t in self.terms if t[0] == task], []
         if grad_weight is None:
             return False
-        for i, (_, sizes, grads, hiddens) in enumerate(terms):
-            _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate=i > 0)
+        for i, (_, pieces) in enumerate(terms):
+            for lo, *piece in pieces:
+                if len(piece) == 1:
+                    target = grad_weight[lo : lo + piece[0].size(0)]
+                    target.add_(piece[0]) if i > 0 else target.copy_(piece[0])
+                else:
+                    _table_rows_grad(grad_weight[lo:], [piece[0].size(1)], [piece[0]], [piece[1]], accumulate=i > 0)
         return bool(terms)
 
 
@@ -376,10 +416,11 @@ class AdaptiveLogSoftmax(nn.Module):
         # Every cluster runs, on an empty selection too, so that all parameters take part in the graph.
         rows = [(cluster == i).nonzero().squeeze(1) for i in range(1, self.n_clusters + 1)]
         logits = self.every_cluster_logits([hidden, *(hidden[idx] for idx in rows)], table_gradient)
-        logprob = gathered_log_softmax(logits[0], head_column)  # [N, shortlist + clusters] -> [N]
+        # each cluster's logits are a fresh product that nothing else reads: turned into log-probs in place
+        logprob = gathered_log_softmax(logits[0], head_column, consume=True)  # [N, shortlist + clusters] -> [N]
         for i, idx in enumerate(rows, start=1):
             local = targets[idx] - self.bounds[i][0]
-            logprob = logprob.index_add(0, idx, gathered_log_softmax(logits[i], local))
+            logprob = logprob.index_add(0, idx, gathered_log_softmax(logits[i], local, consume=True))
         return torch.where(valid, -logprob, 0.0)
 
     def _tail_starts(self, device) -> torch.Tensor:

@@ -27,6 +27,7 @@ from .adaptive_softmax import (
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout, relu_dropout
 from .inference_cache import enabled as cache_enabled
+from .layer_norm import LayerNorm
 from .relative_attention import RelativeMultiHeadAttention, causal_mask, relative_positions, sinusoid_table
 
 
@@ -146,7 +147,7 @@ class PositionwiseFF(nn.Module):
         super().__init__()
         self.layer_1 = nn.Linear(config.d_model, config.d_inner)
         self.layer_2 = nn.Linear(config.d_inner, config.d_model)
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.layer_norm = LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
         self.drop = Dropout(config.dropout)
         self.act = nn.ReLU() if config.ff_activation == "relu" else nn.GELU()
         self.pre_lnorm = config.pre_lnorm

@@ -19,6 +19,7 @@ from torch import nn
 
 from .dropout import Dropout, apply_keep, dropout, keep_mask
 from .inference_cache import ProjectionCache
+from .layer_norm import LayerNorm
 
 
 def relative_positions(klen: int, qlen: int = 0, clamp_len: int = -1, bidirectional: bool = False) -> torch.Tensor:
@@ -147,34 +148,30 @@ class Hidden:
     `masked_fill_(mask, finfo.min)`, `zero_` is `masked_fill_(mask, 0)`. Except in float16 they run as float factors
     shaped like the mask, `x * visible + fill` and `x * visible`: on CPU, `masked_fill_` with a bool mask broadcast
     over the heads is about 20x slower. The factors equal masked_fill for finite x; float16 scores can overflow to
-    inf at a hidden key (inf * 0 is NaN), so float16 keeps masked_fill. Build one per block of scores: the factors
-    are 4-8x the bool mask's size. `visible` is built on first use and kept (`hide_` and `zero_` both read it);
-    `fill` only inside `hide_`, so that it does not outlive the scores it was added to (a backward that recomputes
-    the probabilities, then zeroes their gradient, holds one factor instead of two while its gradient buffers are
-    allocated)."""
+    inf at a hidden key (inf * 0 is NaN), so float16 keeps masked_fill. The factors (4-8x the bool mask's size) are
+    built inside each call and freed at its end, so none of them stays alive across the allocations between the two
+    calls of a recomputing backward (hide_ on the recomputed scores, zero_ on their gradient): at the activation
+    checkpointing benchmark's shapes a [T, K] factor is 2 MiB, and it used to sit in the step's peak."""
 
     def __init__(self, mask: torch.Tensor, dtype: torch.dtype):
         self.mask, self.dtype, self.exact = mask, dtype, dtype == torch.float16
-        self._visible = None
 
     @classmethod
     def of(cls, mask: torch.Tensor | None, dtype: torch.dtype) -> "Hidden | None":
         return None if mask is None else cls(mask, dtype)
 
-    @property
     def visible(self) -> torch.Tensor:
-        if self._visible is None:
-            self._visible = self.mask.logical_not().to(self.dtype)
-        return self._visible
+        """1 where a key is visible, 0 where hidden, in the scores' dtype."""
+        return self.mask.logical_not().to(self.dtype)
 
     def hide_(self, scores: torch.Tensor) -> torch.Tensor:
         if self.exact:
             return scores.masked_fill_(self.mask, torch.finfo(scores.dtype).min)
-        fill = self.mask.to(self.dtype).mul_(torch.finfo(self.dtype).min)
-        return scores.mul_(self.visible).add_(fill)
+        scores.mul_(self.visible())  # one factor alive at a time
+        return scores.add_(self.mask.to(self.dtype).mul_(torch.finfo(self.dtype).min))
 
     def zero_(self, grad: torch.Tensor) -> torch.Tensor:
-        return grad.masked_fill_(self.mask, 0.0) if self.exact else grad.mul_(self.visible)
+        return grad.masked_fill_(self.mask, 0.0) if self.exact else grad.mul_(self.visible())
 
 
 def _masked_softmax(scores, hidden: Hidden | None, scale: float, dtype: torch.dtype) -> torch.Tensor:
@@ -409,9 +406,10 @@ class FusedRelativeAttention(torch.autograd.Function):
     Backward (the standard softmax-attention gradient) gives dS; the content part gives d(q + u) = dS k,
     dk = dS^T (q + u); the position part is dS shifted back into the table (the inverse of `rel_shift`: every visible
     entry has one source) giving d(q + v) and dr; dq is their sum, du and dv their sums over batch and positions.
-    dS is built in one [b, h, T, R + 1] buffer per block: dP = dO V^T minus rowsum(dP * P) (= rowsum(dO * O), from
-    the output) is written into the window of the inverse shift, turned into dS there in place, and read back
-    unshifted.
+    dS is built per block in dP's buffer: dP = dO V^T, minus rowsum(dP * P) (= rowsum(dO * O), from the output),
+    times P; the probabilities are then freed, and dS, scaled, is written into the window of the inverse shift's
+    [b, h, T, R + 1] buffer and read back unshifted. A block holds two score-sized tensors at a time (it held three,
+    which set the activation-checkpointed training peak).
     The output is a [B, H, T, D] view of a [B, T, H, D] tensor, so that merging the heads is a view and the output
     projection saves the same storage as this node.
     Inputs: q [B, H, T, D]; u, v [H, D] (the content and position biases); key, value [B, H, K, D]; r [H, R, D];
@@ -463,17 +461,19 @@ class FusedRelativeAttention(torch.autograd.Function):
                 block_keep = None if keep is None else keep[rows, hs]
                 probs = _relative_probs(block_q_u, block_q_v, block_key, block_r, block_hidden, ctx.shift, ctx.scale)
                 _grad_value(block_grad_out, probs, block_keep, ctx.keep_scale, out=grad_value[rows, hs])
-                padded, grad_scores = _unshift_buffer(block_q_u.shape[:2], qlen, rlen, klen, ctx.shift, block_q_u)
-                # dP, contiguous: a batched product written straight into the strided window is 1.2-1.7x slower
-                grad_probs = torch.matmul(block_grad_out, value[rows, hs].transpose(-1, -2))
+                # dP, contiguous (a batched product written straight into the strided window is 1.2-1.7x slower),
+                # turned into dS / scale in place; the probabilities are freed before the shift buffer exists, so
+                # a block holds two score-sized tensors at a time, not three
+                grad_scores = torch.matmul(block_grad_out, value[rows, hs].transpose(-1, -2))
                 if block_keep is not None:
-                    apply_keep(grad_probs, block_keep, ctx.keep_scale, inplace=True)
-                torch.sub(grad_probs, rowsum[rows, hs], out=grad_scores)
-                del grad_probs
-                grad_scores.mul_(probs).mul_(ctx.scale)  # dS
+                    apply_keep(grad_scores, block_keep, ctx.keep_scale, inplace=True)
+                grad_scores.sub_(rowsum[rows, hs]).mul_(probs)
                 del probs
                 if block_hidden is not None:
                     block_hidden.zero_(grad_scores)
+                padded, window = _unshift_buffer(block_q_u.shape[:2], qlen, rlen, klen, ctx.shift, block_q_u)
+                grad_scores = torch.mul(grad_scores, ctx.scale, out=window)  # dS, the old buffer freed
+                del window
                 if grad_q is None:
                     grad_q, grad_key = torch.empty_like(q_u), torch.empty_like(key)
                 block_grad_q = grad_q[rows, hs]
@@ -486,6 +486,8 @@ class FusedRelativeAttention(torch.autograd.Function):
                 grad_v[hs] += grad_q_v.sum((0, 2))
                 block_grad_q += grad_q_v
                 grad_r[hs] += torch.matmul(grad_bd.transpose(-1, -2), block_q_v).sum(0)  # [h, R, D]
+                # freed before the next block's buffers exist (else two [b, h, T, R + 1] buffers are alive at once)
+                del padded, grad_bd, grad_q_v
         grads = _input_dtypes(ctx, (grad_q, grad_u, grad_v, grad_key, grad_value, grad_r))
         return (*grads, None, None, None)
 
@@ -540,7 +542,7 @@ class RelativeMultiHeadAttention(nn.Module):
         self.qkv_net = nn.Linear(config.d_model, 3 * inner, bias=False)
         self.r_net = nn.Linear(config.d_model, inner, bias=False)
         self.o_net = nn.Linear(inner, config.d_model, bias=False)
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
+        self.layer_norm = LayerNorm(config.d_model, eps=config.layer_norm_epsilon)
         self.drop = Dropout(config.dropout)
         self.dropatt = config.dropatt
         self.pre_lnorm = config.pre_lnorm

@@ -95,20 +95,45 @@ def test_gathered_log_softmax_gradients():
     logits = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
     index = torch.tensor([0, 8, 3, 3, 5, 1])
     weights = torch.tensor([1.0, 0.0, -2.0, 0.5, 3.0, 1.0], dtype=torch.float64)  # 0: an ignored row
-    (GatheredLogSoftmax.apply(logits, index) * weights).sum().backward()
+    (GatheredLogSoftmax.apply(logits, index, False)[0] * weights).sum().backward()
     fused = logits.grad.clone()
     logits.grad = None
     (F.log_softmax(logits, -1).gather(1, index[:, None]).squeeze(1) * weights).sum().backward()
     torch.testing.assert_close(fused, logits.grad, rtol=0, atol=1e-12)
     assert fused[1].abs().max() == 0
     empty = torch.randn(0, 9, requires_grad=True)
-    GatheredLogSoftmax.apply(empty, torch.zeros(0, dtype=torch.long)).sum().backward()
+    GatheredLogSoftmax.apply(empty, torch.zeros(0, dtype=torch.long), False)[0].sum().backward()
     assert empty.grad.shape == (0, 9)
+
+
+def test_gathered_log_softmax_consuming_its_logits():
+    """`consume=True` writes the log-probabilities over the logits (a product's output): same values and gradients
+    as the plain ops, in row blocks smaller than the table, with a gradient on the returned log-probabilities too."""
+    import modeling_xl.adaptive_softmax as adaptive
+
+    torch.manual_seed(0)
+    weight = torch.randn(5, 3000, dtype=torch.float64, requires_grad=True)  # rows of 24,000 bytes: 174 per block
+    hidden = torch.randn(400, 5, dtype=torch.float64)
+    index = torch.randint(0, 3000, (400,))
+    g, big_g = torch.randn(400, dtype=torch.float64), torch.randn(400, 3000, dtype=torch.float64)
+    logits = hidden @ weight
+    gathered, logprob = GatheredLogSoftmax.apply(logits, index, True)
+    assert logprob.data_ptr() == logits.data_ptr() and logits._version > 0
+    reference = F.log_softmax(hidden @ weight, -1)
+    torch.testing.assert_close(logprob, reference, rtol=0, atol=1e-12)
+    torch.testing.assert_close(gathered, reference.gather(1, index[:, None]).squeeze(1), rtol=0, atol=1e-12)
+    (grad,) = torch.autograd.grad((gathered * g).sum() + (logprob * big_g).sum(), weight)
+    ref_logprob = F.log_softmax(hidden @ weight, -1)
+    (ref_grad,) = torch.autograd.grad((ref_logprob.gather(1, index[:, None]).squeeze(1) * g).sum()
+                                      + (ref_logprob * big_g).sum(), weight)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-10)
+    nll = adaptive.gathered_log_softmax(hidden @ weight, index, consume=True)
+    torch.testing.assert_close(nll, reference.gather(1, index[:, None]).squeeze(1), rtol=0, atol=1e-12)
 
 
 def test_gathered_log_softmax_refuses_a_second_backward():
     logits = torch.randn(3, 4, requires_grad=True)
-    out = GatheredLogSoftmax.apply(logits * 2, torch.tensor([0, 1, 2])).sum()
+    out = GatheredLogSoftmax.apply(logits * 2, torch.tensor([0, 1, 2]), False)[0].sum()
     out.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="inplace"):
         out.backward()
@@ -145,20 +170,31 @@ def _tied_pair(d_embed=16, d_model=16):
 @pytest.mark.parametrize("d_embed", [16, 8])
 def test_deferred_table_gradient_equals_immediate(d_embed):
     """With a `TableGradient` the tied table's gradient is built by the embedding lookup's backward, at the end of the
-    step; every gradient must equal the one the softmax computes itself (used twice, with a -100 target)."""
+    step; every gradient must equal the one the softmax computes itself (used twice, with a -100 target). The head
+    (20 rows x 16 against 21 tokens' 22 logits and 16 states) is multiplied out at once, the tails are kept as their
+    logits' gradients and states: both kinds of deferred piece, each written and then accumulated."""
     from modeling_xl.adaptive_softmax import TableGradient
 
+    class Spy(TableGradient):
+        kinds = set()
+
+        def take_into(self, grad_weight):
+            self.kinds.update(len(piece) for _, pieces in self.terms for piece in pieces)
+            return super().take_into(grad_weight)
+
+    torch.manual_seed(0)
     emb, crit = _tied_pair(d_embed=d_embed)
     ids, t = torch.randint(0, 97, (3, 7)), torch.randint(0, 97, (21,))
     t[4] = -100
     grads = []
-    for deferred in (None, TableGradient()):
+    for deferred in (None, Spy()):
         emb.zero_grad(), crit.zero_grad()
         h = torch.tanh(emb(ids, deferred)).reshape(-1, 16)
         (crit(h, t, deferred).sum() + 0.5 * crit(h[:5], t[:5], deferred).sum()).backward()
         grads.append([p.grad.clone() for p in [*emb.parameters(), *crit.parameters()]])
         if deferred is not None:
             assert deferred.looked_up and deferred.terms == []
+    assert Spy.kinds == {2, 3}  # (first row, rows' gradient) and (first row, logits' gradient, states)
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
 

@@ -1,0 +1,67 @@
+"""LayerNorm whose backward reads its output instead of its input.
+
+`nn.LayerNorm` keeps its input for backward. In a post-norm layer (Transformer-XL's default) the input is the
+residual sum, which nothing else keeps, while the output is kept anyway by whatever reads it next (the feed-forward's
+first product, the next layer's projections, the softmax). Recovering the normalized input from the output,
+x_hat = (y - beta) / gamma, makes the input unnecessary: one [B, T, d] tensor less per LayerNorm, two per layer (4 of
+the 30 MiB a `wide` benchmark layer kept for backward; 20 MiB of its training peak). The division is exact up to
+rounding only where gamma is not small against beta, so the output is used only when every |gamma| >= |beta| / 16
+and gamma != 0 (initialised gamma = 1, beta = 0); elsewhere, under autocast and while compiling, this is
+`nn.LayerNorm`. The same trick is Apex's and Megatron-LM's `memory_efficient` LayerNorm.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# |beta| / |gamma| above which the output is not used: x_hat then carries an absolute rounding error of about
+# eps * (|x_hat| + |beta| / |gamma|), at most that of a float rounded at magnitude 16.
+MAX_BIAS_RATIO = 16.0
+
+
+class OutputSavingLayerNorm(torch.autograd.Function):
+    """layer_norm(x) over the last dimension, saving (output, 1/std) for backward. Backward rebuilds x_hat from the
+    output and hands it to the native LayerNorm backward as an input of mean 0 and scale 1, then scales the input's
+    gradient by 1/std: the same formula, dx = rstd * (g*gamma - mean(g*gamma) - x_hat * mean(g*gamma*x_hat))."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps: float):
+        y, _, rstd = torch.native_layer_norm(x, (x.size(-1),), weight, bias, eps)
+        ctx.save_for_backward(y, weight, bias, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, weight, bias, rstd = ctx.saved_tensors
+        inverse = weight.reciprocal()
+        offset = torch.zeros_like(weight) if bias is None else -bias * inverse
+        x_hat = torch.addcmul(offset, y, inverse)
+        grad_x, grad_weight, grad_bias = torch.ops.aten.native_layer_norm_backward(
+            grad.contiguous(), x_hat, (y.size(-1),), torch.zeros_like(rstd), torch.ones_like(rstd), weight, bias,
+            [ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2]])
+        if grad_x is not None:
+            grad_x.mul_(rstd)
+        return grad_x, grad_weight, grad_bias, None
+
+
+def output_recoverable(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether x_hat can be rebuilt from the output to rounding: gamma != 0 and |beta| <= 16 |gamma| everywhere."""
+    with torch.no_grad():
+        magnitude = weight.abs()
+        if bias is None:
+            return bool((magnitude > 0).all())
+        return bool(((magnitude * MAX_BIAS_RATIO >= bias.abs()) & (magnitude > 0)).all())
+
+
+class LayerNorm(nn.LayerNorm):
+    """`nn.LayerNorm` (same parameters and state dict) that keeps its output, not its input, for backward where
+    that is exact to rounding (see the module docstring). Normalizes over the last dimension only."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (len(self.normalized_shape) == 1 and self.weight is not None and torch.is_grad_enabled()
+                and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type)
+                and x.dtype == self.weight.dtype and output_recoverable(self.weight, self.bias)):
+            return OutputSavingLayerNorm.apply(x, self.weight, self.bias, self.eps)
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
