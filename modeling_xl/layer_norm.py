@@ -5,9 +5,15 @@ residual sum, which nothing else keeps, while the output is kept anyway by whate
 first product, the next layer's projections, the softmax). Recovering the normalized input from the output,
 x_hat = (y - beta) / gamma, makes the input unnecessary: one [B, T, d] tensor less per LayerNorm, two per layer (4 of
 the 30 MiB a `wide` benchmark layer kept for backward; 20 MiB of its training peak). The division is exact up to
-rounding only where gamma is not small against beta, so the output is used only when every |gamma| >= |beta| / 16
-and gamma != 0 (initialised gamma = 1, beta = 0); elsewhere, under autocast and while compiling, this is
-`nn.LayerNorm`. The same trick is Apex's and Megatron-LM's `memory_efficient` LayerNorm.
+rounding only where gamma is not small against beta, so the output is used only in float32 / float64 and only when
+every |gamma| >= |beta| / 16 and is a normal number (initialised gamma = 1, beta = 0); elsewhere, under autocast,
+while compiling and during CUDA graph capture, this is `nn.LayerNorm`. The same trick is Apex's and Megatron-LM's
+`memory_efficient` LayerNorm.
+
+The check reads gamma and beta, a device synchronisation on a GPU, so its answer is kept until either changes in
+place (an optimizer step): one check per LayerNorm and step. Since the output is saved, modifying it in place
+before backward raises autograd's in-place error; this includes the last layer's output that the backbone returns
+(`last_hidden_state`), which `nn.LayerNorm` would let a caller edit in place when nothing else saved it.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class OutputSavingLayerNorm(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # rstd is saved as a constant: no second-order gradient
     def backward(ctx, grad):
         y, weight, bias, rstd = ctx.saved_tensors
         inverse = weight.reciprocal()
@@ -47,21 +54,34 @@ class OutputSavingLayerNorm(torch.autograd.Function):
 
 
 def output_recoverable(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether x_hat can be rebuilt from the output to rounding: gamma != 0 and |beta| <= 16 |gamma| everywhere."""
+    """Whether x_hat can be rebuilt from the output to rounding: float32 / float64, and every |gamma| a normal
+    number (so 1 / gamma is finite) no smaller than |beta| / 16."""
+    if weight.dtype not in (torch.float32, torch.float64):
+        return False
     with torch.no_grad():
         magnitude = weight.abs()
-        if bias is None:
-            return bool((magnitude > 0).all())
-        return bool(((magnitude * MAX_BIAS_RATIO >= bias.abs()) & (magnitude > 0)).all())
+        ok = magnitude >= torch.finfo(weight.dtype).tiny
+        if bias is not None:
+            ok &= magnitude * MAX_BIAS_RATIO >= bias.abs()
+        return bool(ok.all())
 
 
 class LayerNorm(nn.LayerNorm):
     """`nn.LayerNorm` (same parameters and state dict) that keeps its output, not its input, for backward where
     that is exact to rounding (see the module docstring). Normalizes over the last dimension only."""
 
+    _recoverable: tuple[tuple, bool] | None = None  # ((weight/bias identity and versions), output_recoverable)
+
+    def _output_recoverable(self) -> bool:
+        key = tuple((t.data_ptr(), t._version) for t in (self.weight, self.bias) if t is not None)
+        if self._recoverable is None or self._recoverable[0] != key:
+            self._recoverable = (key, output_recoverable(self.weight, self.bias))
+        return self._recoverable[1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (len(self.normalized_shape) == 1 and self.weight is not None and torch.is_grad_enabled()
                 and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type)
-                and x.dtype == self.weight.dtype and output_recoverable(self.weight, self.bias)):
+                and x.dtype == self.weight.dtype and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+                and self._output_recoverable()):
             return OutputSavingLayerNorm.apply(x, self.weight, self.bias, self.eps)
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)

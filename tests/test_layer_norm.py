@@ -112,3 +112,40 @@ def test_without_bias_and_partial_gradients():
     (only_w,) = torch.autograd.grad(OutputSavingLayerNorm.apply(x.detach(), norm.weight, None, norm.eps),
                                     (norm.weight,), grad)
     torch.testing.assert_close(only_w, rw, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_without_autocast_uses_the_plain_op(dtype):
+    """Rounding of a 16-bit output would be amplified up to 16x by the division: the input is kept instead."""
+    norm = LayerNorm(32).to(dtype)
+    x = torch.randn(4, 32, dtype=dtype, requires_grad=True)
+    y = norm(x)
+    assert not y.grad_fn.name().startswith("OutputSavingLayerNorm")
+    torch.testing.assert_close(y, F.layer_norm(x, (32,), norm.weight, norm.bias, norm.eps), rtol=0, atol=0)
+
+
+def test_subnormal_gamma_and_a_gamma_changed_in_place():
+    """A subnormal gamma (1 / gamma overflows) falls back; the check's answer is kept only while gamma and beta are
+    unchanged: an in-place edit (an optimizer step) is seen at the next call."""
+    norm = LayerNorm(16)
+    x = torch.randn(3, 16, requires_grad=True)
+    assert norm(x).grad_fn.name().startswith("OutputSavingLayerNorm")
+    with torch.no_grad():
+        norm.weight[5] = 1e-39
+    y = norm(x)
+    assert not y.grad_fn.name().startswith("OutputSavingLayerNorm")
+    grad = torch.randn(3, 16)
+    (gx,) = torch.autograd.grad(y, x, grad)
+    assert torch.isfinite(gx).all()
+    with torch.no_grad():
+        norm.weight.fill_(1.0)
+    assert norm(x).grad_fn.name().startswith("OutputSavingLayerNorm")
+
+
+def test_second_order_gradients_are_refused():
+    """1/std is saved as a constant, so a second derivative through it would be wrong: it raises instead."""
+    norm = _norm()
+    x = torch.randn(4, 48, dtype=torch.float64, requires_grad=True)
+    (gx,) = torch.autograd.grad(norm(x).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|differentiate"):
+        torch.autograd.grad(gx.sum(), x)
