@@ -13,6 +13,7 @@ A projection weight is [d_model, d_emb_i]: the input uses `emb @ W^T`, the outpu
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import torch
@@ -97,8 +98,8 @@ class TableGradient:
     """
 
     def __init__(self):
-        # (backward pass, pieces); a piece is (first row, rows' gradient) or (first row, logits' gradient, hidden)
-        self.terms: list[tuple[int, list[tuple[int, torch.Tensor] | tuple[int, torch.Tensor, torch.Tensor]]]] = []
+        # (backward pass, pieces): see `write_rows`
+        self.terms: list[tuple[int, list[tuple[int, torch.Tensor, torch.Tensor | None]]]] = []
         self.looked_up: set[int] = set()  # backward passes in which the lookup has run
 
     def defer(self, sizes, grads, hiddens) -> bool:
@@ -109,14 +110,10 @@ class TableGradient:
         task = torch._C._current_graph_task_id()
         if task in self.looked_up or compiled_autograd_active():
             return False
-        pieces, lo = [], 0
-        for size, grad, hidden in zip(sizes, grads, hiddens):
-            rows = grad[:, :size]
-            if size * hidden.size(1) < grad.numel() + hidden.numel():
-                pieces.append((lo, torch.mm(rows.t(), hidden)))
-            else:
-                pieces.append((lo, rows, hidden))
-            lo += size
+        pieces = []
+        for (lo, rows, hidden), grad in zip(cluster_pieces(sizes, grads, hiddens), grads):
+            smaller = rows.size(1) * hidden.size(1) < grad.numel() + hidden.numel()  # than what they are made of
+            pieces.append((lo, torch.mm(rows.t(), hidden), None) if smaller else (lo, rows, hidden))
         self.terms.append((task, pieces))
         return True
 
@@ -129,12 +126,7 @@ class TableGradient:
         if grad_weight is None:
             return False
         for i, (_, pieces) in enumerate(terms):
-            for lo, *piece in pieces:
-                if len(piece) == 1:
-                    target = grad_weight[lo : lo + piece[0].size(0)]
-                    target.add_(piece[0]) if i > 0 else target.copy_(piece[0])
-                else:
-                    _table_rows_grad(grad_weight[lo:], [piece[0].size(1)], [piece[0]], [piece[1]], accumulate=i > 0)
+            write_rows(grad_weight, pieces, accumulate=i > 0)
         return bool(terms)
 
 
@@ -148,16 +140,24 @@ def compiled_autograd_active() -> bool:
                                        or getattr(module, "in_compiled_autograd_region", False))
 
 
-def _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate: bool) -> None:
-    """grad_weight[rows of cluster i] (+)= grads[i][:, :sizes[i]].T @ hiddens[i], one product per cluster."""
-    lo = 0
-    for size, grad, hidden in zip(sizes, grads, hiddens):
-        rows = grad[:, :size]
-        if accumulate:
-            grad_weight[lo : lo + size].addmm_(rows.t(), hidden)
+def cluster_pieces(sizes, grads, hiddens) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(first table row, logits' gradient over the cluster's own columns, hidden states) per cluster."""
+    starts = [0, *itertools.accumulate(sizes)][:-1]
+    return [(lo, grad[:, :size], hidden) for lo, size, grad, hidden in zip(starts, sizes, grads, hiddens)]
+
+
+def write_rows(grad_weight, pieces, accumulate: bool) -> None:
+    """grad_weight[rows of each piece] (+)= its rows of the table's gradient. A piece is (first row, logits'
+    gradient [N, rows], hidden [N, d]), whose rows are logits' gradient^T @ hidden, or (first row, rows [rows, d],
+    None), multiplied out already."""
+    for lo, a, hidden in pieces:
+        target = grad_weight[lo : lo + (a.size(0) if hidden is None else a.size(1))]
+        if hidden is None:
+            target.add_(a) if accumulate else target.copy_(a)
+        elif accumulate:
+            target.addmm_(a.t(), hidden)
         else:
-            torch.mm(rows.t(), hidden, out=grad_weight[lo : lo + size])
-        lo += size
+            torch.mm(a.t(), hidden, out=target)
 
 
 class TiedEmbeddingLookup(torch.autograd.Function):
@@ -264,7 +264,7 @@ class SharedTableLogits(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             if deferred is None or not deferred.defer(sizes, grads, tuple(hiddens)):
                 grad_weight = torch.empty_like(weight)
-                _table_rows_grad(grad_weight, sizes, grads, hiddens, accumulate=False)
+                write_rows(grad_weight, cluster_pieces(sizes, grads, hiddens), accumulate=False)
         if ctx.needs_input_grad[1]:
             grad_bias = torch.cat([grad[:, :size].sum(0) for size, grad in zip(sizes, grads)])
         grad_hiddens = []
