@@ -122,6 +122,11 @@ def test_bad_corpora(tmp_path):
     ids = tokenize_corpus(corpus, tokenizer)["train"]
     with pytest.raises(ValueError, match="shorter than one segment of tgt_len=8"):
         OrderedStreams(ids, batch_size=4, tgt_len=8)
+    empty = datasets.Dataset.from_dict({"text": []}, features=datasets.Features({"text": datasets.Value("string")}))
+    ids = tokenize_corpus({"validation": empty}, tokenizer)["validation"]  # was a KeyError from inside `map`
+    assert ids.dtype == np.int32 and ids.size == 0
+    with pytest.raises(ValueError, match="the corpus has 0 tokens"):
+        OrderedStreams(ids, batch_size=1, tgt_len=1)
     with pytest.raises(ValueError, match="has no train file"):
         load_corpus(tmp_path / "cache", cache_dir=str(tmp_path / "cache2"))
 

@@ -132,6 +132,15 @@ def test_streaming_with_a_wrong_num_tokens_is_a_value_error():
         read(60)  # was: 2 rows of 29 tokens, the last 40 tokens silently dropped
     with pytest.raises(ValueError, match=r"num_tokens=60 but open_chunks\(\) holds more than 60"):
         read(60, rank=1, world_size=2)  # the process that owns the last row checks
+    # the last row's final window already read the last chunk past num_tokens: nothing is left for check_end to read
+    tokens = np.arange(100)
+    for open_chunks in (lambda: (tokens[i:i + 10] for i in range(0, 100, 10)), lambda: iter([tokens])):
+        with pytest.raises(ValueError, match=r"num_tokens=\d+ but open_chunks\(\) holds more than"):
+            collect(OrderedStreams.from_iterable(open_chunks, 2, 4, num_tokens=95))
+    with pytest.raises(ValueError, match=r"open_chunks\(\) gave a chunk of shape \(5,\) and dtype float64"):
+        collect(StreamingOrderedStreams(lambda: iter([np.arange(5.0)]), 1, 2, num_tokens=5))
+    with pytest.raises(ValueError, match=r"open_chunks\(\) gave a chunk of shape \(2, 3\)"):
+        collect(StreamingOrderedStreams(lambda: iter([np.zeros((2, 3), dtype=np.int64)]), 1, 2, num_tokens=6))
 
 
 def test_memmap_tokens(tmp_path):
@@ -158,3 +167,19 @@ def test_bad_input():
     streams = OrderedStreams(np.arange(100), batch_size=2, tgt_len=5)
     with pytest.raises(ValueError, match="state has tgt_len=6"):
         streams.load_state_dict({**streams.state_dict(), "tgt_len": 6})
+    with pytest.raises(ValueError, match="state lacks epoch, batch_size, tgt_len, num_tokens"):
+        streams.load_state_dict({"position": 1})
+    for name, value in (("batch_size", "4"), ("batch_size", True), ("tgt_len", 2.0), ("tgt_len", 0), ("rank", -1),
+                        ("world_size", 0)):
+        with pytest.raises(ValueError, match=rf"{name}={value!r}; expected an integer >= "):
+            OrderedStreams(np.arange(100), **{"batch_size": 2, "tgt_len": 5, name: value})
+    with pytest.raises(ValueError, match="pad_token_id=None; expected an integer >= 0"):
+        EvalStreams(np.arange(100), batch_size=2, tgt_len=5, pad_token_id=None)
+
+
+def test_at_epoch_start_marks_the_first_batch_of_every_epoch():
+    streams = OrderedStreams(np.arange(11), batch_size=2, tgt_len=2)
+    for _ in range(3):
+        assert [streams.at_epoch_start for _ in streams] == [True, False]
+    streams.load_state_dict({**streams.state_dict(), "position": 1})  # resumed after the first batch
+    assert [streams.at_epoch_start for _ in streams] == [False]

@@ -109,6 +109,24 @@ def unigram():
     return train_unigram_tokenizer(lines, vocab_size=400)
 
 
+def test_word_level_pads_left_with_eos_and_char_level_pairs_end_lines(tmp_path):
+    """A padded batch (the README's `generate(**tokenizer(prompts, padding=True))`) works with the word-level
+    tokenizer as built and as reloaded: on the left, with `<eos>`'s id, masked; no symbol is added. Character and
+    byte level end both texts of a pair with the newline, as a single text."""
+    from transformers import AutoTokenizer
+
+    word = train_word_level_tokenizer(["the cat sat", "on the mat"])
+    word.save_pretrained(tmp_path)
+    for tok in (word, AutoTokenizer.from_pretrained(tmp_path)):
+        batch = tok(["the cat", "the cat sat on"], padding=True)
+        assert batch["input_ids"][0] == [0, 0, 1, 2, 0] and batch["attention_mask"][0] == [0, 0, 1, 1, 1]
+        assert batch["input_ids"][1] == tok("the cat sat on")["input_ids"] and len(tok) == len(word) == 7
+    char = train_char_level_tokenizer(["ab c"])
+    assert char.decode(char("ab", "c")["input_ids"]) == "ab\nc\n"
+    byte = byte_level_tokenizer()
+    assert byte("ab", "c")["input_ids"] == [97, 98, 10, 99, 10]
+
+
 def test_char_level_ids_follow_the_given_symbols():
     """chars[i] has id i (an imported character vocabulary keeps its ids); <unk> and the newline come after when
     missing, and a newline among the symbols keeps its own place."""
@@ -254,6 +272,11 @@ def test_bad_tokenizer_input():
         train_char_level_tokenizer([])
     with pytest.raises(ValueError, match="unk_token='<unk>' is not in the vocabulary"):
         word_level_tokenizer(["<eos>", "a"])
+    for train in (train_word_level_tokenizer, train_char_level_tokenizer, train_unigram_tokenizer):
+        with pytest.raises(ValueError, match=r"lines is a single str \('the cat sat'\.\.\.\); expected an iterable"):
+            train("the cat sat")  # would train on its characters
+    with pytest.raises(ValueError, match=r"chars holds \['bc'\] \(1 in all\); expected single characters"):
+        char_level_tokenizer(["a", "bc"])
 
     class Config:
         vocab_size = 10

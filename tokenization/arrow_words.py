@@ -29,8 +29,16 @@ _NOT_RUST_WHITESPACE = "[\x1c-\x1f]"
 _RUST_WHITESPACE_RUN = re.compile(r"[^\S\x1c-\x1f]+")
 
 
+def check_lines(lines, argument: str = "lines") -> None:
+    """ValueError when a corpus argument is one string: iterating it would train on its single characters."""
+    if isinstance(lines, (str, bytes)):
+        raise ValueError(f"{argument} is a single {type(lines).__name__} ({lines[:30]!r}...); expected an iterable "
+                         f"of lines, e.g. [{lines[:30]!r}] or text.splitlines()")
+
+
 def as_string_array(lines: Iterable[str] | pa.Array | pa.ChunkedArray) -> pa.Array:
     """A non-null Arrow string array (nulls become empty lines)."""
+    check_lines(lines)
     if isinstance(lines, pa.ChunkedArray):
         lines = lines.combine_chunks()
     if not isinstance(lines, pa.Array):

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from ._wrapping import wrap_tokenizer
+from .arrow_words import check_lines
 
 UNK = "<unk>"
 
@@ -22,13 +23,16 @@ def char_level_tokenizer(chars: list[str], *, unk_token: str = UNK, newline_at_e
     after them when missing. Characters outside the symbols encode as `unk_token`'s id; the text "<unk>" itself is
     five characters (the tokenizer declares no special unknown token, whose text transformers would match)."""
     symbols = list(dict.fromkeys([*chars, unk_token, "\n"]))
-    if any(len(c) != 1 for c in symbols if c != unk_token):
-        raise ValueError("chars must be single characters; expected a list like ['a', 'b', ' ']")
+    wrong = [c for c in symbols if c != unk_token and (not isinstance(c, str) or len(c) != 1)]
+    if wrong:
+        raise ValueError(f"chars holds {wrong[:5]!r} ({len(wrong)} in all); expected single characters, a list like "
+                         "['a', 'b', ' ']")
     ids = {c: i for i, c in enumerate(symbols)}
     tokenizer = Tokenizer(models.BPE(vocab=ids, merges=[], unk_token=unk_token))
     tokenizer.decoder = decoders.Fuse()  # concatenate symbols, no spaces between them
     if newline_at_end:
-        tokenizer.post_processor = processors.TemplateProcessing(single="$A \n", special_tokens=[("\n", ids["\n"])])
+        tokenizer.post_processor = processors.TemplateProcessing(single="$A \n", pair="$A \n $B \n",
+                                                                 special_tokens=[("\n", ids["\n"])])
     # `unk_token` is the BPE model's (characters outside the symbols map to it) but not declared a special token:
     # transformers would match special tokens in the text, so a literal "<unk>" (WikiText has thousands) would become
     # one token instead of five characters, and the stream would no longer be the text.
@@ -38,6 +42,7 @@ def char_level_tokenizer(chars: list[str], *, unk_token: str = UNK, newline_at_e
 def train_char_level_tokenizer(lines: Iterable[str], *, min_freq: int = 1, unk_token: str = UNK,
                                newline_at_end: bool = True):
     """Characters seen at least `min_freq` times, most frequent first (ties by first occurrence)."""
+    check_lines(lines)
     counts = Counter()
     for line in lines:
         counts.update(line)
@@ -56,8 +61,8 @@ def byte_level_tokenizer(*, newline_at_end: bool = True):
     tokenizer.decoder = decoders.ByteLevel()
     if newline_at_end:
         newline = alphabet[ord("\n")]
-        tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {newline}",
-                                                                 special_tokens=[(newline, ord("\n"))])
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"$A {newline}", pair=f"$A {newline} $B {newline}", special_tokens=[(newline, ord("\n"))])
     return wrap_tokenizer(tokenizer)
 
 

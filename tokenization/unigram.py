@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ._wrapping import wrap_tokenizer
+from .arrow_words import check_lines
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>")
 
@@ -20,6 +21,7 @@ SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>", "
 def train_unigram_tokenizer(lines: Iterable[str], *, vocab_size: int = 8000, lowercase: bool = False,
                             max_piece_length: int = 16):
     """Train a Unigram model on `lines` and return the XLNet-formatted fast tokenizer."""
+    check_lines(lines)
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size={vocab_size}; expected more than the {len(SPECIAL_TOKENS)} special tokens")
     tokenizer = Tokenizer(models.Unigram())

@@ -37,10 +37,17 @@ def _as_flat_array(token_ids) -> np.ndarray:
     return array
 
 
+def check_int(name: str, value, minimum: int) -> None:
+    """ValueError naming `name` unless `value` is an int (not a bool) >= `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name}={value!r}; expected an integer >= {minimum}")
+
+
 def owned_rows(batch_size: int, rank: int, world_size: int) -> range:
     """Rows of process `rank`: [rank·B/W, (rank+1)·B/W). ValueError if B is not a multiple of W."""
-    if batch_size <= 0 or world_size <= 0:
-        raise ValueError(f"batch_size={batch_size}, world_size={world_size}; expected positive integers")
+    check_int("batch_size", batch_size, 1)
+    check_int("world_size", world_size, 1)
+    check_int("rank", rank, 0)
     if batch_size % world_size:
         raise ValueError(f"batch_size={batch_size} is not divisible by world_size={world_size}; expected a multiple of "
                          f"{world_size} so that every process owns the same number of rows")
@@ -54,9 +61,9 @@ class OrderedStreams:
     """Training batches: `for batch in streams` yields the rest of the current epoch, in order.
 
     Epoch policy: a `for` loop resumes where the position stands; when the epoch is finished, the next `for` loop
-    starts a new epoch (`epoch += 1`, position 0) over the same rows (nothing is shuffled). The consumer drops its
-    memories at the start of an epoch (`streams.position == 0` before the first batch). The tail of each row that
-    does not fill a whole segment is not used.
+    starts a new epoch (`epoch += 1`) over the same rows (nothing is shuffled). The consumer drops its memories at the
+    first batch of an epoch: `streams.at_epoch_start` is True while that batch is in use (inside the loop body). The
+    tail of each row that does not fill a whole segment is not used.
     `state_dict()` taken after processing batch k resumes at batch k + 1 (exact resume mid-epoch).
     """
 
@@ -65,8 +72,7 @@ class OrderedStreams:
         self._init_layout(self.tokens.size, batch_size, tgt_len, rank, world_size)
 
     def _init_layout(self, num_tokens: int, batch_size: int, tgt_len: int, rank: int, world_size: int) -> None:
-        if tgt_len <= 0:
-            raise ValueError(f"tgt_len={tgt_len}; expected a positive segment length")
+        check_int("tgt_len", tgt_len, 1)
         self.rows = owned_rows(batch_size, rank, world_size)
         self.batch_size, self.tgt_len, self.rank, self.world_size = batch_size, tgt_len, rank, world_size
         self.num_tokens = int(num_tokens)
@@ -90,6 +96,11 @@ class OrderedStreams:
         windows = torch.from_numpy(windows.astype(np.int64))
         return {"input_ids": windows[:, :-1], "next_token_labels": windows[:, 1:]}
 
+    @property
+    def at_epoch_start(self) -> bool:
+        """True while the first batch of an epoch is in use (the position has moved past it): drop the memories."""
+        return self.position == 1
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if self.position >= len(self):
             self.epoch, self.position = self.epoch + 1, 0
@@ -104,6 +115,9 @@ class OrderedStreams:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the position. The stream layout must match; the number of processes may change."""
+        missing = [key for key in self.state_dict() if key not in state]
+        if missing:
+            raise ValueError(f"state lacks {', '.join(missing)}; expected a dict from OrderedStreams.state_dict()")
         for key in ("batch_size", "tgt_len", "num_tokens"):
             if state[key] != getattr(self, key):
                 raise ValueError(f"state has {key}={state[key]} but these streams have {key}={getattr(self, key)}; "
@@ -119,6 +133,17 @@ class OrderedStreams:
         """Streams over a corpus read from `open_chunks()` (a fresh iterator of token-id chunks per call)."""
         return StreamingOrderedStreams(open_chunks, batch_size, tgt_len, num_tokens=num_tokens, rank=rank,
                                        world_size=world_size)
+
+
+def _as_chunk(chunk) -> np.ndarray:
+    """One chunk of `open_chunks()` as int64: a 1-D sequence of integer token ids (an empty one is allowed)."""
+    if isinstance(chunk, torch.Tensor):
+        chunk = chunk.detach().cpu().numpy()
+    array = np.asarray(chunk)
+    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+        raise ValueError(f"open_chunks() gave a chunk of shape {array.shape} and dtype {array.dtype}; expected 1-D "
+                         "integer token ids")
+    return array.astype(np.int64, copy=False)
 
 
 class _RowReader:
@@ -138,7 +163,7 @@ class _RowReader:
 
     def _next_chunk(self) -> np.ndarray:
         try:
-            chunk = np.asarray(next(self.chunks), dtype=np.int64).reshape(-1)
+            chunk = _as_chunk(next(self.chunks))
         except StopIteration:
             raise self._wrong_count(f"only {self.read}") from None
         self.read += chunk.size
@@ -162,9 +187,11 @@ class _RowReader:
         """Reads the rest of the iterator (for the last row: at most the dropped tail) and checks that the corpus
         ends at `num_tokens`; a longer corpus would otherwise be silently cut and laid out on the wrong rows."""
         for chunk in self.chunks:
-            self.read += np.asarray(chunk).size
             if self.read > self.num_tokens:  # stop here: the rest of a much longer corpus need not be read
-                raise self._wrong_count(f"more than {self.num_tokens} (at least {self.read})")
+                break
+            self.read += _as_chunk(chunk).size
+        if self.read > self.num_tokens:  # also when a chunk read for the last window already ran past the end
+            raise self._wrong_count(f"more than {self.num_tokens} (at least {self.read})")
         if self.read < self.num_tokens:
             raise self._wrong_count(f"only {self.read}")
 
@@ -191,7 +218,8 @@ class StreamingOrderedStreams(OrderedStreams):
     def __init__(self, open_chunks: Callable[[], Iterable], batch_size: int, tgt_len: int, *,
                  num_tokens: int | None = None, rank: int = 0, world_size: int = 1):
         if num_tokens is None:
-            num_tokens = sum(np.asarray(chunk).size for chunk in open_chunks())
+            num_tokens = sum(_as_chunk(chunk).size for chunk in open_chunks())
+        check_int("num_tokens", num_tokens, 0)
         self._open_chunks = open_chunks
         self._readers, self._reader_position = None, None
         self._init_layout(num_tokens, batch_size, tgt_len, rank, world_size)
@@ -227,8 +255,8 @@ class EvalStreams:
 
     def __init__(self, token_ids, batch_size: int, tgt_len: int, rank: int = 0, world_size: int = 1,
                  pad_token_id: int = 0):
-        if tgt_len <= 0:
-            raise ValueError(f"tgt_len={tgt_len}; expected a positive segment length")
+        check_int("tgt_len", tgt_len, 1)
+        check_int("pad_token_id", pad_token_id, 0)
         self.rows = owned_rows(batch_size, rank, world_size)
         self.tokens = _as_flat_array(token_ids)
         if self.tokens.size < 2:

@@ -46,6 +46,8 @@ def tokenize_split(data: datasets.Dataset, tokenizer, *, text_column: str = "tex
         plan = WordLevelPlan.from_tokenizer(tokenizer)
     if text_column not in data.column_names:
         raise ValueError(f"split {split!r} has columns {data.column_names}; expected a text column {text_column!r}")
+    if data.num_rows == 0:  # `map` over no rows adds no column; the streams then say the split has no tokens
+        return np.zeros(0, dtype=np.int32)
     if num_proc is None:
         num_proc = 1 if data.num_rows < MULTIPROCESS_MIN_ROWS else (os.cpu_count() or 1)
     backend_json = tokenizer.backend_tokenizer.to_str()
