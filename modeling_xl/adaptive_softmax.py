@@ -20,6 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .precision import at_least_float32
+
+
 
 def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
     """Token ranges of the clusters: cutoffs [20, 50], V=97 -> [(0, 20), (20, 50), (50, 97)]."""
@@ -367,7 +370,8 @@ class AdaptiveLogSoftmax(nn.Module):
         return [(layer.weight, layer.bias) for layer in self.out_layers]
 
     def cluster_logits(self, hidden: torch.Tensor, i: int, weights=None) -> torch.Tensor:
-        """Logits of cluster i's tokens (for i == 0 followed by one logit per tail cluster), in float32.
+        """Logits of cluster i's tokens (for i == 0 followed by one logit per tail cluster), in float32 (float64 for a
+        float64 model).
         `weights`: `cluster_weights()`, passed in by callers that need several clusters (split once)."""
         weight, bias = (weights or self.cluster_weights())[i]
         if i == 0 and self.n_clusters:
@@ -375,7 +379,7 @@ class AdaptiveLogSoftmax(nn.Module):
             bias = torch.cat([bias, self.cluster_bias])
         if len(self.out_projs):
             hidden = hidden @ self.out_projs[i].weight.to(hidden.dtype)
-        return F.linear(hidden, weight.to(hidden.dtype), bias.to(hidden.dtype)).float()
+        return at_least_float32(F.linear(hidden, weight.to(hidden.dtype), bias.to(hidden.dtype)))
 
     def every_cluster_logits(self, hiddens: list[torch.Tensor],
                              table_gradient: TableGradient | None = None) -> list[torch.Tensor]:
@@ -392,7 +396,7 @@ class AdaptiveLogSoftmax(nn.Module):
         layer = self.out_layers[0]
         clusters = (self.cluster_weight, self.cluster_bias) if self.n_clusters else (None, None)
         sizes = [hi - lo for lo, hi in self.bounds]
-        return [logits.float() for logits in SharedTableLogits.apply(layer.weight, layer.bias, *clusters, sizes,
+        return [at_least_float32(logits) for logits in SharedTableLogits.apply(layer.weight, layer.bias, *clusters, sizes,
                                                                      table_gradient, *hiddens)]
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None,
@@ -464,7 +468,7 @@ def _resize_rows(old: torch.Tensor, rows: int, mean_resizing: bool, std: float) 
         return old[:rows].clone()
     extra = old.new_empty(rows - old.size(0), *old.shape[1:])
     if mean_resizing:
-        extra.copy_(old.float().mean(0).to(old.dtype).expand_as(extra))
+        extra.copy_(at_least_float32(old).mean(0).to(old.dtype).expand_as(extra))
     else:
         extra.normal_(0.0, std)
     return torch.cat([old, extra])

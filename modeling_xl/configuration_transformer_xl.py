@@ -141,12 +141,24 @@ class TransformerXLConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         if self.d_embed is None:
             self.d_embed = self.d_model
+        for field in ("cutoffs", "tie_projs"):
+            value = getattr(self, field)
+            if value is not None and not isinstance(value, (list, tuple)):
+                raise ValueError(f"{field}={value!r} is invalid; expected a list (or None)")
         self.cutoffs = list(self.cutoffs) if (self.cutoffs and self.adaptive) else []
         if self.tie_projs is None:
             self.tie_projs = [False] + [True] * len(self.cutoffs)
         self.tie_projs = list(self.tie_projs)
         super().__post_init__(**kwargs)
         self.validate_architecture()
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """As in transformers, then validated again: `from_pretrained(..., mem_len=-3)` sets its keyword arguments
+        after the config was built and checked."""
+        result = super().from_dict(config_dict, **kwargs)
+        (result[0] if isinstance(result, tuple) else result).validate_architecture()
+        return result
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
@@ -172,6 +184,19 @@ class TransformerXLConfig(PreTrainedConfig):
             value = getattr(self, field)
             if not _is_int(value) or value <= 0:
                 raise ValueError(f"{field}={value!r} is invalid; expected a positive integer")
+        if self.d_model % 2:
+            raise ValueError(f"d_model={self.d_model} is invalid; expected an even number (the sinusoid position "
+                             "table pairs a sine and a cosine per frequency)")
+        for field in ("adaptive", "pre_lnorm", "untie_r", "same_length", "bi_data"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"{field}={getattr(self, field)!r} is invalid; expected True or False")
+        for field in ("pad_token_id", "bos_token_id"):
+            value = getattr(self, field, None)
+            if value is not None and (not _is_int(value) or not 0 <= value < self.vocab_size):
+                raise ValueError(f"{field}={value!r} is invalid; expected None or a token id in "
+                                 f"[0, vocab_size={self.vocab_size})")
+        if not isinstance(self.cutoffs, list) or not isinstance(self.tie_projs, list):
+            raise ValueError(f"cutoffs={self.cutoffs!r}, tie_projs={self.tie_projs!r} are invalid; expected lists")
         if not _is_int(self.div_val) or self.div_val < 1:
             raise ValueError(f"div_val={self.div_val!r} is invalid; expected an integer >= 1")
         cutoffs = self.cutoffs

@@ -170,9 +170,13 @@ def load_legacy_model(cls, config_path: str, weights_path: str, dtype: torch.dty
     return legacy_model_and_new_weights(cls, config_path, weights_path, dtype, config, **overrides)[0]
 
 
-def legacy_model_and_new_weights(cls, config_path: str, weights_path: str, dtype: torch.dtype | None = None,
-                                 config: TransformerXLConfig | None = None, **overrides):
-    """`load_legacy_model`, and the names of the weights the checkpoint has none for (a classifier's new head)."""
+def legacy_model_and_new_weights(cls, config_path: str, weights_path: str, dtype: torch.dtype | str | None = None,
+                                 config: TransformerXLConfig | None = None, device_map=None, **overrides):
+    """`load_legacy_model`, and the names of the weights the checkpoint has none for (a classifier's new head).
+    `dtype` as `from_pretrained` takes it: a torch dtype, its name ("bfloat16") or "auto" (the checkpoint's);
+    `device_map` a device ("cuda", "cpu", `torch.device`, an index); "auto" or a per-module map is not applied to a
+    converted checkpoint (a warning says so)."""
+    dtype = resolve_dtype(dtype)
     if config is not None:
         if not isinstance(config, TransformerXLConfig):
             raise ValueError(f"config is a {type(config).__name__}; expected a TransformerXLConfig")
@@ -190,6 +194,8 @@ def legacy_model_and_new_weights(cls, config_path: str, weights_path: str, dtype
     tied = getattr(model, "all_tied_weights_keys", {}) or {}
     converted = convert_state_dict(read_legacy_weights(weights_path), expected, tied,
                                    skip_prefixes=() if hasattr(model, "lm_head") else ("lm_head.",))
+    if dtype == "auto":  # the checkpoint's own floating-point type
+        dtype = next((v.dtype for v in converted.values() if v.is_floating_point()), None)
     if new_head:
         logger.warning("%s: a legacy Transformer-XL checkpoint has no weights for %s; they are newly initialised "
                        "(train them before use)", cls.__name__, ", ".join(new_head))
@@ -197,7 +203,23 @@ def legacy_model_and_new_weights(cls, config_path: str, weights_path: str, dtype
     model.tie_weights()
     if dtype is not None:
         model = model.to(dtype)
+    if isinstance(device_map, (str, int, torch.device)) and device_map != "auto":
+        model = model.to(device_map)
+    elif device_map is not None:
+        logger.warning("device_map=%r is not applied to a converted legacy checkpoint; the model is on the CPU "
+                       "(move it with .to(device))", device_map)
     return model.eval(), new_head
+
+
+def resolve_dtype(dtype):
+    """A `from_pretrained` dtype: None, "auto", a torch dtype or the name of one (ValueError otherwise)."""
+    if dtype is None or dtype == "auto" or isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ValueError(f"dtype={dtype!r} is invalid; expected a floating-point torch dtype, its name "
+                         "('float32', 'bfloat16', ...) or 'auto'")
+    return resolved
 
 
 def find_legacy_files(resolve) -> tuple[str, str] | None:

@@ -36,6 +36,7 @@ from .modeling_transformer_xl import (
     memory_like,
     update_memory,
 )
+from .precision import at_least_float32
 from .relative_attention import relative_positions, sinusoid_table
 from .two_stream_attention import Stream, TwoStreamAttention, permutation_masks, segment_mismatch
 
@@ -85,7 +86,7 @@ def permutation_lm_loss(logits: torch.Tensor, labels: torch.Tensor, target_mask:
     weight = (labels != -100).to(logits.dtype)
     if target_mask is not None:
         weight = weight * target_mask.to(logits.dtype)
-    ce = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten().long(), ignore_index=-100, reduction="none")
+    ce = F.cross_entropy(at_least_float32(logits).flatten(0, 1), labels.flatten().long(), ignore_index=-100, reduction="none")
     losses = ce.view_as(weight) * weight
     return losses.sum() / weight.sum().clamp(min=torch.finfo(weight.dtype).tiny), losses
 
@@ -110,10 +111,11 @@ class PermutationLMLayer(GradientCheckpointingLayer):
 
 
 # The Auto classes a saved permutation-LM folder maps (the causal classes' files are copied too, as imports, but their
-# weights would not match, so they are not listed).
+# weights would not match, so they are not listed; a classifier starts from the backbone with a new head).
 AUTO_MAP = {
     "AutoModel": "modeling_permutation_lm.TransformerXLPermutationModel",
     "AutoModelForPreTraining": "modeling_permutation_lm.TransformerXLForPermutationLM",
+    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
 }
 
 

@@ -181,16 +181,26 @@ class TransformerXLLayer(GradientCheckpointingLayer):
 AUTO_MAP = {
     "AutoModel": "modeling_transformer_xl.TransformerXLModel",
     "AutoModelForCausalLM": "modeling_transformer_xl.TransformerXLForCausalLM",
+    # fine-tuning starts from a language model's folder: a new head on its backbone
+    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
 }
 
 
 def complete_auto_map(save_directory, auto_map: dict[str, str]) -> None:
-    """Add `auto_map` entries to a saved config.json for every class whose module file was saved beside it."""
+    """Add `auto_map` entries to a saved remote-code config.json, saving beside it the code of the sequence classifier
+    (which the language models' modules do not import) when the map names it; then every class whose module file is
+    in the folder is mapped."""
     path = os.path.join(save_directory, "config.json")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)
     if "auto_map" not in config:
         return
+    if any(reference.startswith("modeling_classification.") for reference in auto_map.values()):
+        from transformers.dynamic_module_utils import custom_object_save
+
+        from .modeling_classification import TransformerXLForSequenceClassification
+
+        custom_object_save(TransformerXLForSequenceClassification, save_directory)
     for auto_class, reference in auto_map.items():
         if os.path.exists(os.path.join(save_directory, reference.split(".")[0] + ".py")):
             config["auto_map"].setdefault(auto_class, reference)
@@ -235,6 +245,10 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq"]
 
+    def __init__(self, config: TransformerXLConfig, *inputs, **kwargs):
+        config.validate_architecture()  # also what was set after the config was built (`config.mem_len = -5`)
+        super().__init__(config, *inputs, **kwargs)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """As in transformers, plus legacy transformers-4.x Transformer-XL folders/repos (model_type "transfo-xl"),
@@ -258,7 +272,8 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
         if legacy is not None:
             overrides = {k: v for k, v in kwargs.items() if k not in LOADING_KWARGS}
             model, new_weights = legacy_model_and_new_weights(
-                cls, *legacy, dtype=kwargs.get("dtype", kwargs.get("torch_dtype")), **overrides)
+                cls, *legacy, dtype=kwargs.get("dtype", kwargs.get("torch_dtype")), device_map=kwargs.get("device_map"),
+                **overrides)
             if kwargs.get("output_loading_info"):  # every weight was converted, but a head the checkpoint lacks
                 return model, {"missing_keys": set(new_weights), "unexpected_keys": set(), "mismatched_keys": set(),
                                "error_msgs": []}
@@ -530,14 +545,19 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         for name in ("past_key_values", "cache"):
             if name in model_kwargs and model_kwargs[name] is outputs.mems:
                 del model_kwargs[name]
+        if model_kwargs.get("use_cache") is False:  # no state carried: every step reads the whole sequence again
+            return model_kwargs  # (after the caller's `mems`, if any)
         model_kwargs["mems"] = outputs.mems
+        model_kwargs["mems_hold_input"] = True  # every token but the newest is in the memory now
         return model_kwargs
 
-    def prepare_inputs_for_generation(self, input_ids, mems=None, attention_mask=None, **kwargs):
-        """With memory (`mems`, see `_update_model_kwargs_for_generation`), only the newest token is fed, and the
-        attention mask (which `generate` extends by one real token per step) is cut to the memory's tokens plus it,
-        so that padding stays hidden once it is in memory."""
-        if mems is not None:
+    def prepare_inputs_for_generation(self, input_ids, mems=None, attention_mask=None, mems_hold_input=False,
+                                      **kwargs):
+        """Once the memory holds the sequence (`mems_hold_input`, set by `_update_model_kwargs_for_generation` from
+        the second step on) only the newest token is fed; at the first step the whole prompt is, after the caller's
+        `mems` if any. The attention mask (which `generate` extends by one real token per step) is cut to the
+        memory's tokens plus the fed ones, so that padding stays hidden once it is in memory."""
+        if mems is not None and mems_hold_input:
             input_ids = input_ids[:, -1:]
         inputs = {"input_ids": input_ids, "mems": mems}
         if attention_mask is not None:

@@ -20,6 +20,7 @@ from torch import nn
 from .dropout import Dropout, apply_keep, dropout, keep_mask
 from .inference_cache import ProjectionCache
 from .layer_norm import LayerNorm
+from .precision import at_least_float32
 
 
 def relative_positions(klen: int, qlen: int = 0, clamp_len: int = -1, bidirectional: bool = False) -> torch.Tensor:
@@ -113,9 +114,10 @@ def attend(
 
     query [B, H, T, D] (already includes the content bias u), key/value [B, H, K, D], score_bias [B|1, H, T, K]
     (the position and segment terms, unscaled), mask bool broadcastable to [B, H, T, K] (True = hidden).
-    A fully hidden row gets uniform weights instead of NaN (as XLNet's `-1e30` does).
+    A fully hidden row gets uniform weights instead of NaN (as XLNet's `-1e30` does). With gradients, or with dropout
+    (whose masks must not depend on the grad mode), the fused node computes it.
     """
-    if torch.is_grad_enabled() and not output_attentions and not torch.compiler.is_compiling():
+    if (torch.is_grad_enabled() or dropout_p > 0) and not output_attentions and not torch.compiler.is_compiling():
         return FusedBiasedAttention.apply(query, key, value, score_bias, mask, dropout_p), None
     scale = 1.0 / math.sqrt(query.size(-1))
     bias = score_bias * scale
@@ -126,7 +128,7 @@ def attend(
                                              scale=scale)
         return out, None
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale + bias  # [B, H, T, K]
-    probs = torch.softmax(scores.float(), dim=-1).to(value.dtype)
+    probs = torch.softmax(at_least_float32(scores), dim=-1).to(value.dtype)
     probs_dropped = dropout(probs, dropout_p)
     return torch.matmul(probs_dropped, value), (probs if output_attentions else None)
 
@@ -549,10 +551,21 @@ class RelativeMultiHeadAttention(nn.Module):
         if config.untie_r:
             self.r_w_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
             self.r_r_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
-        self.use_sdpa = config._attn_implementation != "eager"
+        self.config = config  # `use_sdpa` follows its `_attn_implementation` (`model.set_attn_implementation`)
+        self._use_sdpa = None
         # without gradients: keys/values of the memory and the projected position table, reused (inference_cache)
         self.memory_cache = ProjectionCache()
         self.position_cache = ProjectionCache()
+
+    @property
+    def use_sdpa(self) -> bool:
+        """Attention without gradients runs on SDPA unless the config's `_attn_implementation` is "eager" (read at
+        every call, so `model.set_attn_implementation("eager")` reaches the layers) or this was set to False."""
+        return self.config._attn_implementation != "eager" if self._use_sdpa is None else self._use_sdpa
+
+    @use_sdpa.setter
+    def use_sdpa(self, value: bool) -> None:
+        self._use_sdpa = bool(value)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, L, H*D] -> [B, H, L, D]."""
@@ -639,8 +652,10 @@ class RelativeMultiHeadAttention(nn.Module):
         q, k, v = self.project(h, mem, use_cache)
         klen = k.size(2)
         dropout_p = self.dropatt if self.training else 0.0
-        # Under torch.compile the plain ops below are traced (no graph break) and fused by the compiler.
-        if (torch.is_grad_enabled() and not output_attentions and attn_mask is not None
+        # Under torch.compile the plain ops below are traced (no graph break) and fused by the compiler. With attention
+        # dropout the fused path is taken without gradients too: reentrant activation checkpointing runs the forward
+        # under no_grad and recomputes with gradients, and both must draw the same dropout masks.
+        if ((torch.is_grad_enabled() or dropout_p > 0) and not output_attentions and attn_mask is not None
                 and not torch.compiler.is_compiling()):
             r = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)  # [H, R, D]
             attn_vec = FusedRelativeAttention.apply(q, r_w_bias, r_r_bias, k, v, r,

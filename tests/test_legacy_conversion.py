@@ -135,6 +135,15 @@ def test_auto_classes_load_a_legacy_checkpoint(case):
     classifier = AutoModelForSequenceClassification.from_pretrained(FIXTURES / case, num_labels=3)
     assert type(classifier) is TransformerXLForSequenceClassification and classifier.config.num_labels == 3
     assert AutoModelForCausalLM.from_pretrained(FIXTURES / case, dtype=torch.bfloat16).dtype == torch.bfloat16
+    # dtype as a name and "auto" (the checkpoint's, float32 here; pipeline() passes "auto") were handed to .to()
+    assert AutoModelForCausalLM.from_pretrained(FIXTURES / case, dtype="bfloat16").dtype == torch.bfloat16
+    assert AutoModelForCausalLM.from_pretrained(FIXTURES / case, dtype="auto").dtype == torch.float32
+    assert AutoModelForCausalLM.from_pretrained(FIXTURES / case, device_map="cpu").device.type == "cpu"
+    from modeling_xl.legacy_conversion import resolve_dtype
+
+    for bad in ("half-ish", "int8", 3):
+        with pytest.raises(ValueError, match=f"dtype={bad!r} is invalid; expected a floating-point torch dtype"):
+            resolve_dtype(bad)
 
 
 def test_every_legacy_key_has_a_name_and_unknown_keys_raise():

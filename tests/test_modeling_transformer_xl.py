@@ -87,6 +87,26 @@ def test_gradient_reaches_every_parameter_and_checkpointing_matches():
         torch.testing.assert_close(p.grad, grads[n], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointing_with_dropout_recomputes_the_same_masks(reentrant):
+    """Reentrant checkpointing runs a layer's forward without gradients and recomputes it with them: both must draw
+    the same attention-dropout masks (the no-grad path drew them differently), so gradients equal plain training's."""
+    model = model_for(dropout=0.1, dropatt=0.2).train()
+    x = torch.randint(0, 97, (2, 6))
+    mems = model(x).mems
+
+    def grads():
+        torch.manual_seed(3)
+        model.zero_grad()
+        model(x, mems=mems, labels=x).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    plain = grads()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    for name, grad in grads().items():
+        torch.testing.assert_close(grad, plain[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_weights_tied_and_round_trip(tmp_path):
     model = model_for()
     emb, head = model.transformer.word_emb, model.lm_head
@@ -116,13 +136,17 @@ REMOTE = textwrap.dedent("""
         raise SystemExit("modeling_xl importable")
     except ImportError:
         pass
-    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
     path, x = sys.argv[1], torch.load(sys.argv[2], weights_only=True)
     lm = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
     assert type(lm).__module__.startswith("transformers_modules"), type(lm).__module__
     base = AutoModel.from_pretrained(path, trust_remote_code=True).eval()
     gen = lm.generate(x, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
-    torch.save({"logits": lm(x).logits, "hidden": base(x).last_hidden_state, "gen": gen}, sys.argv[3])
+    # fine-tuning from a language model's folder: its backbone under a new head
+    classifier = AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True, num_labels=3).eval()
+    assert type(classifier).__module__.startswith("transformers_modules"), type(classifier).__module__
+    torch.save({"logits": lm(x).logits, "hidden": base(x).last_hidden_state, "gen": gen,
+                "classifier_hidden": classifier.transformer(x).last_hidden_state}, sys.argv[3])
 """)
 
 
@@ -141,6 +165,7 @@ def test_remote_code_loading_in_fresh_process(tmp_path):
     got = torch.load(tmp_path / "out.pt", weights_only=True)
     torch.testing.assert_close(got["logits"], model(x).logits)
     torch.testing.assert_close(got["hidden"], model.transformer(x).last_hidden_state)
+    torch.testing.assert_close(got["classifier_hidden"], model.transformer(x).last_hidden_state)
     want = model.generate(x, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
     assert torch.equal(got["gen"], want)
 
@@ -157,6 +182,48 @@ def test_generate_greedy_equals_hand_written_loop():
         out = model(nxt, mems=mems)
         mems, nxt = out.mems, out.logits[:, -1].argmax(-1, keepdim=True)
     assert torch.equal(gen, torch.cat(tokens, 1))
+
+
+def spiced(model, std=0.3):
+    """Larger random weights (LayerNorm gains near 1), so that greedy choices differ from position to position."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(1 + 0.1 * noise if "layer_norm" in name and name.endswith("weight") else std * noise)
+    return model
+
+
+def greedy_loop(model, prompt, steps, mems=None, carry=True):
+    """Greedy decoding written out: the prompt after `mems`, then one token at a time with the memory carried
+    (`carry`), or the whole sequence re-read after the same `mems` each step."""
+    tokens, feed, state = [prompt], prompt, mems
+    for _ in range(steps):
+        out = model(feed, mems=state)
+        tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+        feed, state = (tokens[-1], out.mems) if carry else (torch.cat(tokens, 1), mems)
+    return torch.cat(tokens, 1)
+
+
+def test_generate_reads_the_whole_prompt_after_the_callers_memory_and_without_cache_rereads():
+    """`generate(prompt, mems=...)` continues a stream: the first step reads every prompt token (it read only the
+    last one); `use_cache=False` carries no memory and re-reads the sequence at every step."""
+    model = spiced(model_for(mem_len=3))
+    x = torch.randint(1, 97, (2, 9))
+    mems = model(x[:, :3]).mems
+    calls = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
+    gen = model.generate(x[:, 3:], mems=mems, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
+    hook.remove()
+    assert calls == [(2, 6)] + [(2, 1)] * 3
+    want = greedy_loop(model, x[:, 3:], 4, mems)
+    assert torch.equal(gen, want)
+    assert not torch.equal(want[:, 6:], greedy_loop(model, x[:, -1:], 4, mems)[:, 1:])  # the prompt matters
+    no_cache = model.generate(x, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None,
+                              use_cache=False)
+    assert torch.equal(no_cache, greedy_loop(model, x, 4, carry=False))
+    assert not torch.equal(no_cache, greedy_loop(model, x, 4))  # mem_len 3 < context: carrying memory differs
 
 
 @pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, do_sample=False),
@@ -278,11 +345,49 @@ def test_bad_input_raises_value_error_naming_the_argument(make_kwargs, match):
     (dict(classifier_dropout=None), "classifier_dropout=None"), (dict(dropout="0.1"), "dropout='0.1'"),
     (dict(mem_len=True), "mem_len=True"), (dict(div_val=True), "div_val=True"), (dict(cutoffs=[True, 50]), "cutoffs"),
     (dict(layer_norm_epsilon="x"), "layer_norm_epsilon='x'"), (dict(init_std=0), "init_std=0"),
-    (dict(n_token_type=-1), "n_token_type=-1"),
+    (dict(n_token_type=-1), "n_token_type=-1"), (dict(d_model=15), "d_model=15 is invalid; expected an even"),
+    (dict(cutoffs=5), "cutoffs=5 is invalid; expected a list"), (dict(same_length="yes"), "same_length='yes'"),
+    (dict(pad_token_id=200), r"pad_token_id=200 is invalid; expected None or a token id in \[0, vocab_size=97\)"),
 ])
 def test_invalid_config_raises(bad, match):
     with pytest.raises(ValueError, match=match):
         TransformerXLConfig.from_preset("debug", **bad)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(mem_len=-3), "mem_len=-3"), (dict(clamp_len=-7), "clamp_len=-7"), (dict(cutoffs=[80, 10]), "cutoffs"),
+    (dict(d_model=15), "d_model=15"),
+])
+def test_config_fields_set_after_construction_are_validated(tmp_path, bad, match):
+    """`from_pretrained(path, **fields)` sets the fields after the config was built and checked; so does
+    `config.field = value`: the config and the model check them again (a negative mem_len used to slice memory)."""
+    model_for().save_pretrained(tmp_path)
+    for load in (AutoConfig.from_pretrained, TransformerXLConfig.from_pretrained, AutoModelForCausalLM.from_pretrained):
+        with pytest.raises(ValueError, match=match):
+            load(tmp_path, **bad)
+    config = TransformerXLConfig.from_preset("debug")
+    setattr(config, *next(iter(bad.items())))
+    with pytest.raises(ValueError, match=match):
+        TransformerXLForCausalLM(config)
+
+
+def test_float64_model_keeps_float64_and_passes_gradcheck():
+    """Log-probabilities and losses were cast to float32 (`.float()`), also for a float64 model."""
+    torch.manual_seed(0)
+    model = TransformerXLForCausalLM(TransformerXLConfig.from_preset("debug", dropout=0.0)).double().eval()
+    x = torch.randint(0, 97, (1, 3))
+    out = model(x, labels=x)
+    assert out.losses.dtype == out.loss.dtype == model(x).logits.dtype == torch.float64
+    embeds = torch.randn(1, 3, model.config.d_embed, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda e: model(inputs_embeds=e).logits, (embeds,), eps=1e-6, atol=1e-5)
+
+
+def test_set_attn_implementation_reaches_the_layers():
+    model = model_for()
+    model.set_attn_implementation("eager")
+    assert not any(layer.attn.use_sdpa for layer in model.transformer.layers)
+    model.set_attn_implementation("sdpa")
+    assert all(layer.attn.use_sdpa for layer in model.transformer.layers)
 
 
 def test_presets_build_and_unknown_preset_errors():

@@ -365,13 +365,17 @@ def test_tiny_model_trained_on_wikitext2_lowers_its_permutation_lm_loss(shared_d
 REMOTE = """
 import sys, torch
 sys.modules["modeling_xl"] = None  # the code must come from the saved folder
-from transformers import AutoModel, AutoModelForPreTraining
+from transformers import AutoModel, AutoModelForPreTraining, AutoModelForSequenceClassification
 path, inputs = sys.argv[1], torch.load(sys.argv[2], weights_only=True)
 lm = AutoModelForPreTraining.from_pretrained(path, trust_remote_code=True).eval()
 assert type(lm).__module__.startswith("transformers_modules"), type(lm).__module__
 base = AutoModel.from_pretrained(path, trust_remote_code=True).eval()
 assert type(base).__name__ == "TransformerXLPermutationModel", type(base)
-torch.save({"logits": lm(**inputs).logits, "hidden": base(**inputs).last_hidden_state}, sys.argv[3])
+classifier = AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True, num_labels=2).eval()
+assert type(classifier).__module__.startswith("transformers_modules"), type(classifier).__module__
+torch.save({"logits": lm(**inputs).logits, "hidden": base(**inputs).last_hidden_state,
+            "classifier_hidden": classifier.transformer(inputs["input_ids"]).last_hidden_state,
+            "base_hidden": base(inputs["input_ids"]).last_hidden_state}, sys.argv[3])
 """
 
 
@@ -395,6 +399,7 @@ def test_remote_code_loading_in_fresh_process(tmp_path):
     got = torch.load(tmp_path / "out.pt", weights_only=True)
     torch.testing.assert_close(got["logits"], model(**inputs).logits)
     torch.testing.assert_close(got["hidden"], model.transformer(**inputs).last_hidden_state)
+    torch.testing.assert_close(got["classifier_hidden"], got["base_hidden"])
 
 
 def test_training_gradients_match_transformers_xlnet():
