@@ -11,8 +11,11 @@ float32 torch.mm rate (2048^2, 2 threads) right after its timed steps; FLOPs / r
 every product ran at that rate and nothing else cost anything (the median over the workers of a side is reported,
 with the range of the rates). `legacy step / our floor` is therefore about the largest ratio a float32 implementation
 doing our products could reach on this machine (the 2048^2 rate is a reference, not a hard bound: a product of
-another shape may run a little faster). `--bf16` adds a training row under `torch.autocast("cpu", torch.bfloat16)`
-for both sides (a precision change, reported apart from the float32 targets).
+another shape may run a little faster). The train workers also record the products of one more step and replay each
+alone at its own shapes and strides (`common.replayed_matmul_seconds`): the time the step's products take by
+themselves at the rate of their shapes, a floor nearer to what small products really cost. `--bf16` adds a training
+row under `torch.autocast("cpu", torch.bfloat16)` for both sides (a precision change, reported apart from the float32
+targets).
 
 Memory, two measures (MiB = 2^20 bytes): the tensor peak (everything alive at the step's peak: weights, gradients,
 Adam state, carried memory, activations; `causal_lm_worker.tensor_peak`), which the memory ratios use, and the growth
@@ -83,7 +86,7 @@ def ensure_legacy_python(path: str | None) -> str:
 
 
 MODES = {  # row label -> worker options; "ours" holds options for our side only
-    "train": dict(mode="train"),
+    "train": dict(mode="train", replay_matmuls=True),
     "eval": dict(mode="eval"),
     "train_bf16": dict(mode="train", autocast="bf16"),
     # a trade-off row, not the same work: ours recomputes each layer in backward, the legacy model cannot
@@ -141,6 +144,9 @@ def digest(runs: list[dict]) -> dict:
         "matmul_flops_per_step": runs[0]["matmul_flops_per_step"],
         "matmul_flops_per_s_per_run": rates,
         "matmul_floor_s": statistics.median(r["matmul_flops_per_step"] / r["matmul_flops_per_s"] for r in runs),
+        "replayed_matmul_s": (statistics.median(r["replayed_matmuls"]["seconds"] for r in runs)
+                              if runs[0].get("replayed_matmuls") else None),
+        "replayed_matmuls_per_run": [r.get("replayed_matmuls") for r in runs],
         "tensor_peak_mib": statistics.median(r["tensor_peak_bytes"] for r in runs) / 2**20,
         "resident_mib": statistics.median(r["resident_bytes"] for r in runs) / 2**20,
     }
@@ -192,6 +198,10 @@ def main(argv=None) -> dict:
                      f"{legacy['step_s_median']:.3g} ({legacy['matmul_floor_s']:.3g})", ""])
         rows.append([name, "largest float32 ratio doing our products (legacy step / our floor)", "", "",
                      legacy["step_s_median"] / ours["matmul_floor_s"]])
+        rows.append([name, "train step's matrix products replayed alone, s", ours["replayed_matmul_s"],
+                     legacy["replayed_matmul_s"], ours["replayed_matmul_s"] / legacy["replayed_matmul_s"]])
+        rows.append([name, "legacy step / our products replayed alone", "", "",
+                     legacy["step_s_median"] / ours["replayed_matmul_s"]])
     table = print_table(["preset", "metric", "ours", "legacy 4.35", "ours / legacy"], rows)
     write_json(args.output, {"results": results, "table": table, "repeats": args.repeats, "optimizer": args.optimizer})
     return results

@@ -21,7 +21,8 @@ import time
 
 import torch
 
-from common import PeakMemory, counted_matmul_flops, emit, matmul_flops, set_threads, worker_args
+from common import (PeakMemory, counted_matmul_flops, emit, matmul_flops, recorded_matmuls, replayed_matmul_seconds,
+                    set_threads, worker_args)
 
 
 def load_model(args):
@@ -127,9 +128,13 @@ def run(args) -> dict:
         lambda: one_step(model, segments[(n_warmup + n_steps) % len(segments)][:, :-1], mems, optimizer, precision))
     tensors = tensor_peak(lambda: one_step(model, segments[0][:, :-1], mems, optimizer, precision))
     rate = matmul_flops(2048, repeats=5)["flops_per_s"]  # after the steps: its 16 MB matrices would move RSS
+    replayed = {}
+    if args.get("replay_matmuls"):
+        replayed = replayed_matmul_seconds(recorded_matmuls(
+            lambda: one_step(model, segments[1][:, :-1], mems, optimizer, precision)))
     batch, qlen = segments.shape[1], segments.shape[2] - 1
     return {"times": times, "tokens_per_step": batch * qlen, "peak_bytes": peak, "peak_method": memory.method,
-            "matmul_flops_per_step": flops, **tensors, "matmul_flops_per_s": rate,
+            "matmul_flops_per_step": flops, **tensors, "matmul_flops_per_s": rate, "replayed_matmuls": replayed,
             "losses": losses, "mem_len_seen": int(mems[0].shape[0 if args["impl"] == "legacy" else 1])}
 
 

@@ -16,6 +16,7 @@ allocator sits below; torch has no CPU allocator statistics in this version.
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import statistics
@@ -150,6 +151,63 @@ def counted_matmul_flops(fn) -> int:
     with FlopCounterMode(display=False) as counter:
         fn()
     return counter.get_total_flops()
+
+
+MATMUL_OPS = ("mm", "bmm", "addmm", "baddbmm")
+
+
+def recorded_matmuls(fn) -> Counter:
+    """The matrix products of calling `fn()`, forward and backward: Counter of (op name, ((shape, stride, dtype) of
+    each tensor argument, the out= tensor included), the other arguments) -> calls."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def describe(x):
+        if isinstance(x, torch.Tensor):
+            return ("tensor", tuple(x.shape), tuple(x.stride()), str(x.dtype).removeprefix("torch."))
+        return x
+
+    calls = Counter()
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func.overloadpacket.__name__
+            if name in MATMUL_OPS:
+                calls[(name, tuple(describe(a) for a in args), tuple(sorted((k, describe(v))
+                                                                         for k, v in kwargs.items())))] += 1
+            return func(*args, **kwargs)
+
+    with Recorder():
+        fn()
+    return calls
+
+
+def replayed_matmul_seconds(calls: Counter, repeats: int = 5, min_seconds: float = 0.02) -> dict:
+    """Each recorded product alone, at its own shapes, strides and dtype, on random inputs: the time the step's matrix
+    products take by themselves (every other operation free, every product at the rate of its own shape). Per
+    signature the median of `repeats` timings of a loop of at least `min_seconds`; returns total seconds (calls
+    counted), the number of calls and of distinct signatures, and the five costliest."""
+
+    def make(desc):
+        if not (isinstance(desc, tuple) and desc[:1] == ("tensor",)):
+            return desc
+        _, shape, stride, dtype = desc
+        extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride) if n > 0)
+        return torch.randn(extent, dtype=getattr(torch, dtype)).as_strided(shape, stride)
+
+    costs = []
+    for (name, args, kwargs), count in calls.items():
+        op = getattr(torch.ops.aten, name)
+        real_args, real_kwargs = [make(a) for a in args], {k: make(v) for k, v in kwargs}
+        call = lambda: op(*real_args, **real_kwargs)  # noqa: E731
+        estimate = min(timed(call, 3, warmup=1))
+        loops = max(1, math.ceil(min_seconds / max(estimate, 1e-7)))
+        per_call = statistics.median(timed(lambda: [call() for _ in range(loops)], repeats, warmup=0)) / loops
+        shapes = [a[1] for a in args if isinstance(a, tuple) and a[:1] == ("tensor",)]
+        costs.append((per_call * count, count, name, shapes))
+    costs.sort(key=lambda c: c[0], reverse=True)
+    return {"seconds": sum(c[0] for c in costs), "calls": sum(calls.values()), "signatures": len(calls),
+            "costliest": [{"seconds": c[0], "calls": c[1], "op": c[2], "shapes": c[3]} for c in costs[:5]]}
 
 
 # ------------------------------------------------------------------------------------------------------- subprocesses

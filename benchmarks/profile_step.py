@@ -25,9 +25,11 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_causal_lm import BENCH_PRESETS, legacy_config  # noqa: E402
 from causal_lm_worker import one_step  # noqa: E402
-from common import print_table, set_threads, stream_segments, word_level_ids, write_json  # noqa: E402
+from common import MATMUL_OPS as COMMON_MATMUL_OPS  # noqa: E402
+from common import (print_table, recorded_matmuls, replayed_matmul_seconds, set_threads, stream_segments,  # noqa: E402
+                    word_level_ids, write_json)
 
-MATMUL_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"}
+MATMUL_OPS = {f"aten::{name}" for name in COMMON_MATMUL_OPS}
 OPTIMIZER_OPS = {"aten::_fused_adam_", "aten::_foreach_add_", "aten::_foreach_mul_", "aten::_foreach_addcmul_",
                  "aten::_foreach_addcdiv_", "aten::_foreach_sqrt", "aten::_foreach_div_", "aten::_foreach_lerp_"}
 
@@ -68,6 +70,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--preset", choices=[*BENCH_PRESETS, "plm"], default="wide")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--replay-matmuls", action="store_true",
+                        help="also record one more step's matrix products and time each alone at its shapes (the "
+                             "time they take by themselves: every other operation free)")
     parser.add_argument("--output", default=None, help="default benchmarks/results/profile_<impl>_<preset>.json")
     args = parser.parse_args(argv)
     if args.impl not in (("ours", "xlnet") if args.preset == "plm" else ("ours", "legacy")):
@@ -75,12 +80,13 @@ def main(argv=None) -> dict:
                      "presets, ours/xlnet for plm")
     set_threads()
     if args.preset == "plm":
-        run = plm_steps(args.impl, args.steps)
+        run = plm_steps(args.impl, args.steps + 1)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             run(args.steps)
+        one_more = lambda: run(1)  # noqa: E731
     else:
         spec = BENCH_PRESETS[args.preset]
-        n_seg = args.steps + 2
+        n_seg = args.steps + 3
         ids = word_level_ids(spec["model"]["vocab_size"], max_tokens=spec["batch"] * (n_seg * spec["tgt_len"] + 1))
         segments = stream_segments(ids, spec["batch"], spec["tgt_len"], n_seg)
         model = build(args.impl, spec).train()
@@ -90,8 +96,9 @@ def main(argv=None) -> dict:
         for segment in segments[:2]:
             mems = one_step(model, segment[:, :-1], mems, optimizer, precision).mems
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for segment in segments[2:]:
+            for segment in segments[2:-1]:
                 mems = one_step(model, segment[:, :-1], mems, optimizer, precision).mems
+        one_more = lambda: one_step(model, segments[-1][:, :-1], mems, optimizer, precision)  # noqa: E731
     averages = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in averages)
     ops = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -107,8 +114,13 @@ def main(argv=None) -> dict:
     output = args.output or f"benchmarks/results/profile_{args.impl}_{args.preset}.json"
     # the sum of operator self times per step: profiler overhead included, Python time between operators left out
     # (not the wall time of a step; bench_causal_lm.py / bench_plm.py time steps)
-    write_json(output, {"impl": args.impl, "preset": args.preset, "steps": args.steps, "table": table,
-                        "share": share, "operator_self_ms_per_step": total / 1e3 / args.steps})
+    payload = {"impl": args.impl, "preset": args.preset, "steps": args.steps, "table": table, "share": share,
+               "operator_self_ms_per_step": total / 1e3 / args.steps}
+    if args.replay_matmuls:
+        payload["replayed_matmuls"] = replay = replayed_matmul_seconds(recorded_matmuls(one_more))
+        print(f"matrix products of one step replayed alone: {1e3 * replay['seconds']:.1f} ms "
+              f"({replay['calls']} calls, {replay['signatures']} distinct signatures)")
+    write_json(output, payload)
     return share
 
 
