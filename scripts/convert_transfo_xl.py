@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Convert a transformers-4.x Transformer-XL checkpoint (model_type "transfo-xl") into this package's format.
 
-    python scripts/convert_transfo_xl.py LEGACY_DIR OUT_DIR [--dtype float32|bfloat16|float16]
+    python scripts/convert_transfo_xl.py LEGACY_DIR OUT_DIR [--dtype float32|bfloat16|float16] [--overwrite]
 
 LEGACY_DIR holds config.json and model.safetensors or pytorch_model.bin (read with weights_only=True: nothing is
 unpickled). OUT_DIR receives safetensors weights, config.json and the model code, loadable with
 `AutoModelForCausalLM.from_pretrained(OUT_DIR, trust_remote_code=True)`; it must be another folder than LEGACY_DIR
-(converting in place would overwrite the legacy files). A legacy vocabulary found beside the weights
-is converted into a fast tokenizer; a pickled `vocab.pkl` is read by a restricted parser, never unpickled.
+(converting in place would overwrite the legacy files), and a folder that already holds a model or tokenizer is
+refused unless `--overwrite` is given (then a tokenizer there that the legacy folder does not replace is deleted, so
+that no tokenizer of another model stays beside the converted weights). A legacy vocabulary found beside the
+weights is converted into a fast tokenizer; a pickled `vocab.pkl` is read by a restricted parser, never unpickled.
 """
 
 from __future__ import annotations
@@ -29,21 +31,35 @@ def parse_args(argv=None):
     parser.add_argument("legacy_dir", help="folder of the transformers-4.x Transformer-XL checkpoint")
     parser.add_argument("out_dir", help="folder to write the converted model to")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--overwrite", action="store_true", help="write over a model already in out_dir")
     return parser.parse_args(argv)
 
 
-def convert(legacy_dir: str, out_dir: str, dtype: str = "float32") -> TransformerXLForCausalLM:
+# what marks a folder as holding a model or a tokenizer (written by save_pretrained)
+MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.pkl")
+
+
+def convert(legacy_dir: str, out_dir: str, dtype: str = "float32", overwrite: bool = False
+            ) -> TransformerXLForCausalLM:
     if not os.path.isdir(legacy_dir):
         raise ValueError(f"legacy_dir={legacy_dir!r} is not a folder; expected a transformers-4.x checkpoint folder")
     if os.path.realpath(out_dir) == os.path.realpath(legacy_dir):  # save_pretrained would overwrite the source
         raise ValueError(f"out_dir={out_dir!r} is the legacy_dir itself; expected another folder (converting in place "
                          "would overwrite the legacy config.json and weights)")
+    present = [name for name in MODEL_FILES + TOKENIZER_FILES if os.path.exists(os.path.join(out_dir, name))]
+    if present and not overwrite:
+        raise ValueError(f"out_dir={out_dir!r} already holds {', '.join(present)}; expected an empty or new folder, "
+                         "or --overwrite to write the converted model over it")
     files = find_legacy_files(local_resolver(legacy_dir))
     if files is None:
         raise ValueError(f"legacy_dir={legacy_dir!r} has no config.json with model_type 'transfo-xl'")
     model = load_legacy_model(TransformerXLForCausalLM, *files, dtype=getattr(torch, dtype))
     model.save_pretrained(out_dir)
-    convert_vocabulary(legacy_dir, out_dir)
+    if convert_vocabulary(legacy_dir, out_dir) is None:  # no tokenizer of another model beside these weights
+        for name in TOKENIZER_FILES:
+            if os.path.exists(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
     return model
 
 
@@ -68,7 +84,7 @@ def convert_vocabulary(legacy_dir: str, out_dir: str) -> str | None:
 def main(argv=None):
     args = parse_args(argv)
     try:
-        convert(args.legacy_dir, args.out_dir, args.dtype)
+        convert(args.legacy_dir, args.out_dir, args.dtype, args.overwrite)
     except ValueError as err:
         sys.exit(f"error: {err}")
     print(f"converted {args.legacy_dir} -> {args.out_dir}")

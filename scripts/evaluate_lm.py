@@ -68,8 +68,15 @@ def load(args):
     if not (folder / "config.json").exists():
         raise ValueError(f"model_name_or_path={args.model_name_or_path!r} has no config.json; expected a checkpoint "
                          "folder written by save_pretrained")
+    from tokenization import check_vocab_matches
+
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or folder)
+    try:  # before any evaluation: an id past the softmax would fail only where the data happens to hold one
+        check_vocab_matches(tokenizer, model.config, allow_larger_model=True)
+    except ValueError as error:
+        name = args.tokenizer_name or str(folder)
+        raise ValueError(f"tokenizer_name={name!r} does not fit the model: {error}") from None
     return model, tokenizer
 
 

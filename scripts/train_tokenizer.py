@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from modeling_xl.data.corpora import load_corpus, ordered_splits
@@ -32,7 +33,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--all-splits", action="store_true", help="count every split (Transformer-XL on WikiText)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--output", required=True)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.min_freq < 0:
+        parser.error(f"--min-freq={args.min_freq} is invalid; expected an integer >= 0")
+    for name in ("max_size", "vocab_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; expected a positive integer")
+    # options the chosen kind does not read: refused rather than silently ignored
+    ignored = {"word": ("vocab_size",), "char": ("max_size", "vocab_size", "lowercase"),
+               "byte": ("max_size", "vocab_size", "lowercase", "min_freq", "all_splits"),
+               "unigram": ("max_size", "min_freq")}[args.kind]
+    defaults = parser.parse_args(["--output", "x"])
+    given = [name for name in ignored if getattr(args, name) != getattr(defaults, name)]
+    if given and not args.vocab_file:
+        parser.error(f"--kind {args.kind} does not use {', '.join('--' + n.replace('_', '-') for n in given)}; "
+                     "expected only the options of that kind")
+    return args
 
 
 def build_tokenizer(args: argparse.Namespace):
@@ -53,7 +69,10 @@ def build_tokenizer(args: argparse.Namespace):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    tokenizer = build_tokenizer(args)
+    try:
+        tokenizer = build_tokenizer(args)
+    except (ValueError, OSError) as error:  # a missing corpus, an empty one, a bad vocabulary file: one line
+        sys.exit(f"error: {error}")
     output = Path(args.output)
     tokenizer.save_pretrained(output)
     (output / "train_tokenizer_args.json").write_text(json.dumps(vars(args), indent=2) + "\n", encoding="utf-8")

@@ -446,6 +446,13 @@ def test_offline_metric_modules_match_definitions():
     ({"per_device_train_batch_size": 0}, r"per_device_train_batch_size=0 is invalid; expected a positive integer"),
     ({"overwrite_output_dir": True, "resume_from_checkpoint": "latest"}, r"overwrite_output_dir=True and "
      r"resume_from_checkpoint='latest' are both set; expected one"),
+    ({"learning_rate": 0.0}, r"learning_rate=0.0 is invalid; expected a positive number"),
+    ({"max_train_time": -5.0}, r"max_train_time=-5.0 is invalid; expected a positive number of seconds"),
+    ({"summary_type": "bogus"}, r"summary_type='bogus' is invalid; expected 'last', 'first' or 'mean'"),
+    ({"compare_with": "/nonexistent"}, r"compare_with='/nonexistent' is invalid; expected a "
+     r"classification_results.json file"),
+    ({"model_name_or_path": "/nonexistent/model"}, r"model_name_or_path='/nonexistent/model' does not exist; "
+     r"expected a local folder"),
 ])
 def test_finetuning_bad_arguments_are_named_before_anything_is_written(tmp_path, lm_checkpoint, overrides, match):
     from modeling_xl.training.classification import run_finetuning
@@ -453,6 +460,27 @@ def test_finetuning_bad_arguments_are_named_before_anything_is_written(tmp_path,
     with pytest.raises(ValueError, match=match):
         run_finetuning(finetune_args(tmp_path, lm_checkpoint, **overrides))
     assert not (tmp_path / "out").exists()
+
+
+def test_finetuning_never_writes_over_the_model_it_starts_from_and_checks_the_tokenizer(tmp_path, lm_checkpoint):
+    """--overwrite_output_dir into the pretrained model's own folder replaced its weights, config and card; a
+    tokenizer larger than the model failed at the first batch, naming neither (and left a log that blocked a retry)."""
+    from modeling_xl.training.classification import run_finetuning
+    from tokenization import train_word_level_tokenizer
+
+    before = {p.name: p.read_bytes() for p in lm_checkpoint.iterdir()}
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=r"output_dir=.* is the folder of model_name_or_path=.*; the fine-tuned "
+                                             "model would be saved over it"):
+            run_finetuning(finetune_args(tmp_path, lm_checkpoint, output_dir=str(lm_checkpoint),
+                                         overwrite_output_dir=overwrite))
+    assert {p.name: p.read_bytes() for p in lm_checkpoint.iterdir()} == before
+    big = train_word_level_tokenizer([f"w{i}" for i in range(300)])
+    big.save_pretrained(tmp_path / "big")
+    with pytest.raises(ValueError, match=r"tokenizer_name=.*big' does not fit model_name_or_path=.*tokenizer "
+                                         r"vocabulary has 302 tokens but config.vocab_size="):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, tokenizer_name=str(tmp_path / "big")))
+    assert not (tmp_path / "out" / "train_log.jsonl").exists()  # a retry in the same folder is not refused
 
 
 def step_losses(out) -> dict[int, float]:

@@ -113,6 +113,9 @@ def test_bad_corpora(tmp_path):
     (tmp_path / "empty.txt").write_text("\n  \n", encoding="utf-8")
     with pytest.raises(ValueError, match="empty training split"):
         load_corpus(tmp_path / "empty.txt", cache_dir=str(tmp_path / "cache"))
+    (tmp_path / "zero.txt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"zero.txt is empty \(0 bytes\); expected a corpus file"):
+        load_corpus(tmp_path / "zero.txt", cache_dir=str(tmp_path / "cache"))
     (tmp_path / "bad.txt").write_bytes(b"fine line\nbad \xff\xfe bytes\n")
     with pytest.raises(ValueError, match=r"bad.txt: bytes .* at byte 14 \(line 2\) are not valid UTF-8"):
         load_corpus(tmp_path / "bad.txt", cache_dir=str(tmp_path / "cache"))

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from modeling_xl import TransformerXLForCausalLM, TransformerXLModel
+from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLModel
 from modeling_xl.legacy_conversion import convert_key, read_legacy_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "legacy_transfo_xl"
@@ -174,6 +174,22 @@ def test_convert_script_rejects_a_folder_that_is_not_legacy(tmp_path):
         convert_transfo_xl.convert(str(tmp_path), str(tmp_path / "out"))
     with pytest.raises(ValueError, match="is not a folder"):
         convert_transfo_xl.convert(str(tmp_path / "missing"), str(tmp_path / "out"))
+
+
+def test_convert_refuses_a_folder_holding_a_model_unless_overwrite(tmp_path):
+    """A trained model (and its tokenizer) in out_dir was replaced without a word, leaving a tokenizer of another
+    vocabulary beside the converted weights."""
+    out = tmp_path / "out"
+    TransformerXLForCausalLM(TransformerXLConfig.from_preset("debug")).save_pretrained(out)
+    (out / "tokenizer.json").write_text("{}")
+    before = (out / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match=r"out_dir=.* already holds config.json, model.safetensors, tokenizer.json; "
+                                         "expected an empty or new folder, or --overwrite"):
+        convert_transfo_xl.convert(str(FIXTURES / "case_a"), str(out))
+    assert (out / "model.safetensors").read_bytes() == before
+    convert_transfo_xl.convert(str(FIXTURES / "case_a"), str(out), overwrite=True)
+    assert_matches_legacy(TransformerXLForCausalLM.from_pretrained(out), "case_a")
+    assert not (out / "tokenizer.json").exists()  # case_a has no vocabulary: the other model's tokenizer went
 
 
 def test_convert_writes_the_legacy_vocabulary_as_a_fast_tokenizer(tmp_path):

@@ -289,7 +289,7 @@ def test_bad_tokenizer_input():
     check_vocab_matches(tok, Config())
 
 
-def test_train_tokenizer_script_and_real_config(tmp_path):
+def test_train_tokenizer_script_and_real_config(tmp_path, capsys):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("train_tokenizer", Path(__file__).parents[1] / "scripts" /
@@ -310,6 +310,16 @@ def test_train_tokenizer_script_and_real_config(tmp_path):
     check_vocab_matches(tok, config)
     with pytest.raises(ValueError, match=f"config.vocab_size={len(tok) + 1}"):
         check_vocab_matches(tok, TransformerXLConfig.from_preset("debug", vocab_size=len(tok) + 1, cutoffs=[]))
+    # bad values and options the kind does not read end with one line naming them, not a traceback or silence
+    for argv, message in ((["--max-size", "-5"], "--max-size=-5 is invalid; expected a positive integer"),
+                          (["--min-freq", "-2"], "--min-freq=-2 is invalid; expected an integer >= 0"),
+                          (["--kind", "byte", "--lowercase"], "--kind byte does not use --lowercase"),
+                          (["--kind", "char", "--max-size", "9"], "--kind char does not use --max-size")):
+        with pytest.raises(SystemExit):
+            script.parse_args([*argv, "--output", str(tmp_path / "bad")])
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"error: .*nonexistent"):
+        script.main(["--corpus", str(tmp_path / "nonexistent.txt"), "--output", str(tmp_path / "bad")])
 
 
 def test_train_tokenizer_all_splits_counts_train_valid_test_in_that_order(tmp_path, wikitext, wt2_tokenizer):

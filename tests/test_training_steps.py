@@ -196,9 +196,16 @@ def test_card_wall_time_of_a_resumed_run_counts_the_time_before_the_checkpoint(t
     shutil.copytree(first / "checkpoints" / "step_0000002", resumed / "checkpoints" / "step_0000002")
     state_file = resumed / "checkpoints" / "step_0000002" / "training_state.json"
     state_file.write_text(json.dumps({**state, "elapsed_seconds": 6000.0}))  # as if the first part took 100 minutes
+    # an evaluate_lm.py section in the card the run replaces: kept, marked as measured on the earlier weights
+    (resumed / "README.md").write_text("old card\n\n<!-- lm-evaluation:start -->\nperplexity 12.3\n"
+                                       "<!-- lm-evaluation:end -->\n")
     run_pretraining(debug_args(resumed, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"), builder)
-    minutes = float(re.search(r"in (\d+\.\d) minutes on", (resumed / "README.md").read_text()).group(1))
+    card = (resumed / "README.md").read_text()
+    minutes = float(re.search(r"in (\d+\.\d) minutes on", card).group(1))
     assert 100.0 <= minutes < 110.0
+    assert "old card" not in card and card.count("perplexity 12.3") == 1
+    assert re.search(r"<!-- lm-evaluation:start -->\n> Measured on the weights this folder held before its latest "
+                     r"training run.*\n\nperplexity 12.3\n<!-- lm-evaluation:end -->", card)
 
 
 # ---------------------------------------------------------------- permutation LM: resume with more steps
@@ -219,6 +226,12 @@ def test_plm_resumed_with_a_larger_max_train_steps_trains_on_the_same_batches(tm
     # a step moves each of the 4 rows reuse_len = 8 tokens further (the rest of a sample is re-read or random)
     state = json.loads((first / "checkpoints" / "step_0000008" / "training_state.json").read_text())
     assert state["tokens_seen"] == 8 * 4 * 8
+    # another seed or sampling setting draws other samples: the checkpoint's data position would not be theirs
+    for changed, message in ((["--seed", "7"], "seed=42, this run's training data has seed=7"),
+                             (["--reuse_len", "4"], "reuse_len=8, this run's training data has reuse_len=4")):
+        with pytest.raises(ValueError, match=message):
+            run_pretraining(debug_args(resumed, *plm, *changed, "--max_train_steps", "12", "--resume_from_checkpoint",
+                                       "latest"), plm_builder)
 
 
 # ---------------------------------------------------------------- bad input, before any training
@@ -283,6 +296,9 @@ def test_run_with_push_to_hub_uploads_the_final_folder(tmp_path):
     assert any(f.startswith("runs/") and "tfevents" in f for f in uploaded)  # TensorBoard logs of --with_tracking
     card = (out / "README.md").read_text()
     assert f"value: {round(results['bpc'], 4)}" in card and "name: tiny-xl" in card
+    for path in out.rglob("*"):  # the token was written in training_config.{yaml,json}, which are uploaded
+        assert not path.is_file() or b"hf_fake" not in path.read_bytes(), path
+    assert json.loads((out / "training_config.json").read_text())["hub_token"] == "<HUB_TOKEN>"
 
 
 # ---------------------------------------------------------------- the real data pipeline, through the script

@@ -31,6 +31,23 @@ def test_preset_recipe_then_yaml_then_command_line(tmp_path):
     assert args.max_grad_norm == 0.25 and args.dataset_name == "builtin"
 
 
+def test_a_short_run_of_a_preset_scales_the_recipes_warmup():
+    """`--preset tiny --max_train_steps 5` failed: the recipe's 50 warmup steps were longer than the run."""
+    assert parse_args(["--preset", "tiny"]).num_warmup_steps == 50
+    assert parse_args(["--preset", "tiny", "--max_train_steps", "30"]).num_warmup_steps == 50 * 30 // 1500
+    with pytest.raises(ValueError, match="num_warmup_steps=50 is longer than max_train_steps=5"):
+        parse_args(["--preset", "tiny", "--max_train_steps", "5", "--num_warmup_steps", "50"])  # given: refused
+
+
+def test_character_level_is_read_from_a_saved_tokenizer():
+    """A char or byte tokenizer given by --tokenizer_name reports bits per character (it went by --tokenizer_type)."""
+    from modeling_xl.training.corpus import is_character_level
+    from tokenization import byte_level_tokenizer, train_char_level_tokenizer, train_word_level_tokenizer
+
+    assert is_character_level(train_char_level_tokenizer(["ab c"])) and is_character_level(byte_level_tokenizer())
+    assert not is_character_level(train_word_level_tokenizer(["ab c"]))
+
+
 def test_yaml_with_unknown_key_is_rejected(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("learning_rat: 0.01\n")
@@ -73,6 +90,12 @@ def test_yaml_values_of_the_wrong_type_are_named(tmp_path, text, message):
     (["--lr_scheduler_type", "step"], r"lr_scheduler_type='step' is invalid"),
     (["--tgt_len", "0"], r"tgt_len=0 is invalid; expected a positive integer"),
     (["--train_batch_size", "4", "--per_device_train_batch_size", "2"], r"are both set; expected one"),
+    (["--tokenizer_name", "tok", "--tokenizer_vocab_size", "50"], r"tokenizer_vocab_size=50 and tokenizer_name='tok' "
+     r"are both set; expected one"),
+    (["--model_name_or_path", "out", "--tokenizer_type", "char"], r"tokenizer_type='char' and "
+     r"model_name_or_path='out' are both set"),
+    (["--model_name_or_path", "/nonexistent/model"], r"model_name_or_path='/nonexistent/model' does not exist; "
+     r"expected a local folder"),
 ])
 def test_bad_arguments_are_named(argv, message):
     with pytest.raises(ValueError, match=message):

@@ -87,6 +87,8 @@ def _load_local(path: Path, cache_dir: str | None) -> datasets.DatasetDict:
                          f"expected one of {sorted(BUILDERS)} for all splits")
     suffix = suffixes.pop()
     for file in files.values():
+        if file.stat().st_size == 0:  # datasets cannot infer a schema from no rows: a DatasetGenerationError
+            raise ValueError(f"{file} is empty (0 bytes); expected a corpus file with at least one line of text")
         if file.suffix != ".parquet":
             check_utf8(file)
     options = {"keep_linebreaks": False} if BUILDERS[suffix] == "text" else {}

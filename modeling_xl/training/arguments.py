@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -26,6 +27,8 @@ import yaml
 from ..configuration_transformer_xl import PRESETS, RECIPES
 from .checkpointing import CHECKPOINTS
 from .feedback import LOG_FILE, PLOT_FILE
+
+logger = logging.getLogger(__name__)
 
 OBJECTIVES = ("clm", "plm")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
@@ -197,9 +200,23 @@ def resolve(args: PretrainArguments, explicit: set[str] = frozenset()) -> Pretra
             f"train_batch_size={values['train_batch_size']} and per_device_train_batch_size="
             f"{values['per_device_train_batch_size']} are both set; expected one (global = per-device x processes)"
         )
+    recipe = RECIPES[args.preset]
     for recipe_key, name in _RECIPE_FIELDS.items():
-        if values[name] is None and name not in explicit and recipe_key in RECIPES[args.preset]:
-            values[name] = RECIPES[args.preset][recipe_key]
+        if values[name] is None and name not in explicit and recipe_key in recipe:
+            values[name] = recipe[recipe_key]
+    saved_tokenizer = values["tokenizer_name"] or values["model_name_or_path"]
+    for name in ("tokenizer_vocab_size", "tokenizer_type"):  # they describe a tokenizer trained here
+        if saved_tokenizer is not None and name in explicit and values[name] is not None:
+            source = "tokenizer_name" if values["tokenizer_name"] else "model_name_or_path"
+            raise ValueError(f"{name}={values[name]!r} and {source}={saved_tokenizer!r} are both set; expected one "
+                             f"({name} applies to a tokenizer trained on the corpus, {source} loads a saved one)")
+    if ("num_warmup_steps" not in explicit and values["max_train_steps"] is not None
+            and recipe.get("warmup_steps", 0) > values["max_train_steps"]):
+        # a short run of a preset (--max_train_steps 5): its warmup keeps the recipe's share of the steps
+        values["num_warmup_steps"] = recipe["warmup_steps"] * values["max_train_steps"] // recipe["max_steps"]
+        logger.info("num_warmup_steps=%d: the %s recipe's %d warmup steps of %d, scaled to max_train_steps=%d",
+                    values["num_warmup_steps"], args.preset, recipe["warmup_steps"], recipe["max_steps"],
+                    values["max_train_steps"])
     fallbacks = dict(tgt_len=128, mem_len=128, eval_tgt_len=None, eval_mem_len=None, clamp_len=-1,
                      eval_clamp_len=None, same_length=False, eval_same_length=True, learning_rate=2.5e-4,
                      num_warmup_steps=0, max_train_steps=1000, train_batch_size=16, output_dir="outputs/pretrain")
@@ -261,6 +278,8 @@ def validate(args: PretrainArguments) -> None:
         path = getattr(args, name)
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"{name}={path!r} does not exist; expected an existing local text/json/csv/parquet file")
+    for name in ("model_name_or_path", "config_name", "tokenizer_name"):
+        check_model_source(name, getattr(args, name))
     if args.push_to_hub and args.hub_model_id is not None and args.hub_model_id.count("/") > 1:
         raise ValueError(f"hub_model_id={args.hub_model_id!r} is invalid; expected 'name' or 'user/name'")
 
@@ -341,10 +360,23 @@ def clear_run_records(folder: Path, names=RUN_RECORDS) -> list[str]:
 
 
 def save_resolved(args: PretrainArguments, folder: Path, extra: dict | None = None) -> None:
-    """Write the resolved run configuration as YAML and JSON (`training_config.{yaml,json}`)."""
+    """Write the resolved run configuration as YAML and JSON (`training_config.{yaml,json}`); `--push_to_hub`
+    uploads them, so the Hub token is written as `<HUB_TOKEN>` (as transformers' TrainingArguments does)."""
     values = {**args.to_dict(), **(extra or {})}
+    if values.get("hub_token") is not None:
+        values["hub_token"] = "<HUB_TOKEN>"
     (folder / "training_config.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
     (folder / "training_config.json").write_text(json.dumps(values, indent=2))
+
+
+def check_model_source(name: str, value: str | None) -> None:
+    """ValueError when `value` is meant as a local path (absolute, relative with ./ ../ ~, or more than one "/") and
+    does not exist; otherwise transformers would read it as a Hub id and fail on its characters."""
+    if value is None or os.path.exists(os.path.expanduser(value)):
+        return
+    if value.startswith(("/", ".", "~")) or value.count("/") > 1 or os.sep != "/" and os.sep in value:
+        raise ValueError(f"{name}={value!r} does not exist; expected a local folder (written by save_pretrained) or "
+                         "a Hub id 'name' / 'user/name'")
 
 
 def _choice(name, value, choices):

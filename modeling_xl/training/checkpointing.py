@@ -141,13 +141,15 @@ def check_compatible(state: dict, layout: dict, folder, max_train_steps: int, *,
 
 def check_same_stream(state: dict, stream: dict, folder) -> None:
     """The memories and the data position of a checkpoint belong to one token stream: a changed corpus (another file,
-    an edited file) or another tokenizer gives a different `train_tokens` or `tokenizer_vocab_size`. Checkpoints
-    written before these fields were stored carry neither and are not checked."""
+    an edited file) or another tokenizer gives a different `train_tokens` or `tokenizer_vocab_size`; another
+    objective, or for the permutation LM another seed or sampling setting (reuse_len, num_predict, perm_size,
+    bi_data), other samples. A field the checkpoint does not carry (written before it was stored) is not checked."""
     for key, value in stream.items():
         if key in state and state[key] != value:
             raise ValueError(f"resume_from_checkpoint={str(folder)!r} was written with {key}={state[key]!r}, this "
-                             f"run's training data has {key}={value!r}; expected the same corpus and tokenizer as the "
-                             "run that wrote it (the memories and data position belong to its token stream)")
+                             f"run's training data has {key}={value!r}; expected the corpus, tokenizer, objective "
+                             "and sampling settings of the run that wrote it (the memories and data position belong "
+                             "to its token stream)")
 
 
 def _prune(output_dir, keep: int | None) -> None:

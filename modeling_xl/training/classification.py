@@ -23,8 +23,10 @@ import datasets
 import torch
 import torch.nn.functional as F
 
+from tokenization import check_vocab_matches
+
 from ..data.corpora import load_split_files
-from .arguments import _positive, check_output_dir, clear_run_records
+from .arguments import _positive, check_model_source, check_output_dir, clear_run_records
 from .checkpointing import read_training_state
 from .feedback import StepLog
 from .finetune_checkpoints import (check_compatible, checkpoint_rng, earlier_run, read_checkpoint_rng, resolve_checkpoint,
@@ -83,6 +85,28 @@ def validate(args: FinetuneArguments) -> None:
     if args.overwrite_output_dir and args.resume_from_checkpoint is not None:
         raise ValueError(f"overwrite_output_dir=True and resume_from_checkpoint={args.resume_from_checkpoint!r} are "
                          "both set; expected one (overwriting deletes the checkpoints a resume reads)")
+    if not args.learning_rate > 0:
+        raise ValueError(f"learning_rate={args.learning_rate!r} is invalid; expected a positive number")
+    if args.weight_decay < 0:
+        raise ValueError(f"weight_decay={args.weight_decay!r} is invalid; expected a number >= 0")
+    if args.max_train_time is not None and not args.max_train_time > 0:
+        raise ValueError(f"max_train_time={args.max_train_time!r} is invalid; expected a positive number of seconds")
+    for name in ("model_name_or_path", "tokenizer_name"):
+        check_model_source(name, getattr(args, name))
+    if args.summary_type not in (None, "last", "first", "mean"):
+        raise ValueError(f"summary_type={args.summary_type!r} is invalid; expected 'last', 'first' or 'mean'")
+    if args.compare_with is not None:  # read after training: a wrong path would fail once the time is spent
+        compare_results_path(args.compare_with)
+
+
+def compare_results_path(compare_with: str) -> Path:
+    """The results file `--compare_with` names (a file, or a run folder holding one); ValueError if there is none."""
+    path = Path(compare_with)
+    path = path / RESULTS_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise ValueError(f"compare_with={compare_with!r} is invalid; expected a {RESULTS_FILE} file or a fine-tuning "
+                         "output folder holding one")
+    return path
 
 
 def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
@@ -223,6 +247,7 @@ def run_finetuning(args: FinetuneArguments) -> dict:
 
     validate(args)
     resuming = args.resume_from_checkpoint is not None
+    _check_output_is_not_an_input(args)
     output_dir = check_output_dir(args.output_dir, resuming=resuming, overwrite=args.overwrite_output_dir,
                                   earlier_run=lambda folder: earlier_run(folder, RESULTS_FILE))
     if args.overwrite_output_dir:
@@ -251,6 +276,11 @@ def run_finetuning(args: FinetuneArguments) -> dict:
         saved = read_training_state(resume_from)
         check_compatible(saved, layout, resume_from, max_steps)
     model = build_model(args, mapping)
+    try:  # before the first batch: an id past the embedding would fail there, naming neither the model nor tokenizer
+        check_vocab_matches(tokenizer, model.config, allow_larger_model=True)
+    except ValueError as error:
+        raise ValueError(f"tokenizer_name={args.tokenizer_name or args.model_name_or_path!r} does not fit "
+                         f"model_name_or_path={args.model_name_or_path!r}: {error}") from None
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
     # the prepared scheduler steps once per process at every optimizer step (Accelerate's convention)
     scheduler = get_scheduler("linear", optimizer, num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
@@ -281,7 +311,10 @@ def run_finetuning(args: FinetuneArguments) -> dict:
     step = train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps, step, resumed_rng, start,
                       log, evaluate_at, checkpoint_at)
     train_seconds = time.perf_counter() - start
-    final = evaluate_model(accelerator, model, dev_loader, metrics, metric_kwargs)
+    if history and history[-1]["step"] == step:  # the last step was an eval step: the same weights, already scored
+        final = {k: v for k, v in history[-1].items() if k != "step"}
+    else:
+        final = evaluate_model(accelerator, model, dev_loader, metrics, metric_kwargs)
     results = {"dev": final, "history": history, "train_steps": step, "train_seconds": train_seconds,
                "train_examples_seen": step * args.per_device_train_batch_size * accelerator.num_processes,
                "num_train_examples": len(train), "num_dev_examples": len(dev), "labels": list(map(str, mapping)),
@@ -289,11 +322,23 @@ def run_finetuning(args: FinetuneArguments) -> dict:
                "args": asdict(args)}
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        log.write({"step": step, **final})
+        if not history or history[-1]["step"] != step:
+            log.write({"step": step, **final})
         save_outputs(accelerator.unwrap_model(model), tokenizer, args, results)
     del model, optimizer, train_loader, dev_loader, scheduler  # the prepared wrappers go first (see `end_run`)
     end_run(accelerator)
     return results
+
+
+def _check_output_is_not_an_input(args) -> None:
+    """The fine-tuned model, tokenizer and card are saved into output_dir: it must not be the folder of the model or
+    tokenizer this run starts from (they would be written over, with or without --overwrite_output_dir)."""
+    out = Path(args.output_dir).resolve()
+    for name in ("model_name_or_path", "tokenizer_name"):
+        value = getattr(args, name)
+        if value and Path(value).is_dir() and Path(value).resolve() == out:
+            raise ValueError(f"output_dir={args.output_dir!r} is the folder of {name}={value!r}; the fine-tuned model "
+                             "would be saved over it. Expected another output folder")
 
 
 def _check_inputs_survive(args, doomed: list[Path]) -> None:
@@ -382,9 +427,7 @@ def save_outputs(model, tokenizer, args: FinetuneArguments, results: dict) -> No
     (out / RESULTS_FILE).write_text(json.dumps(results, indent=2, default=str) + "\n")
     baseline = None
     if args.compare_with is not None:
-        path = Path(args.compare_with)
-        path = path / RESULTS_FILE if path.is_dir() else path
-        baseline = json.loads(path.read_text())
+        baseline = json.loads(compare_results_path(args.compare_with).read_text())
     classification_card(args, results, baseline, model.config).save(out / "README.md")
 
 

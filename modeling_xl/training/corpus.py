@@ -7,6 +7,7 @@ before the model is built, so bad input costs seconds, not a training run.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -123,11 +124,26 @@ def word_level_tokenizer_of_size(texts, vocab_size: int):
     return word_level_tokenizer(vocab)
 
 
+def is_character_level(tokenizer) -> bool:
+    """Whether every token is one character or byte: the char and byte tokenizers of `tokenization.char_level` (a
+    BPE model without merges)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    model = json.loads(backend.to_str())["model"]
+    return model.get("type") == "BPE" and not model.get("merges")
+
+
 def describe(args, source: str, tokenizer, ids: dict[str, np.ndarray]) -> dict:
     """Facts about the data for logs and the model card."""
     from ..data.corpora import BUILTIN_NAMES
 
-    char_level = args.char_level if args.char_level is not None else args.tokenizer_type in ("char", "byte")
+    if args.char_level is not None:
+        char_level = args.char_level
+    elif args.tokenizer_name or args.model_name_or_path:  # a saved tokenizer: what it is, not --tokenizer_type
+        char_level = is_character_level(tokenizer)
+    else:
+        char_level = args.tokenizer_type in ("char", "byte")
     pretty = {"builtin": "the built-in offline corpus (English prose from the Python standard library's docstrings)"}
     builtin = source in BUILTIN_NAMES
     local = not builtin and os.path.exists(source)

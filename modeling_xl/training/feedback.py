@@ -14,12 +14,13 @@ PLOT_FILE = "loss_curve.png"
 
 class StepLog:
     """Append-only JSONL log in the output folder (main process only). On resume, entries after the resumed step
-    are dropped first, so the file reads as one uninterrupted run."""
+    are dropped first, so the file reads as one uninterrupted run. The file is created by the first record: a run
+    that fails before it leaves none (which would otherwise mark the folder as holding an earlier run)."""
 
     def __init__(self, output_dir, enabled: bool, resume_step: int | None = None):
         self.path = Path(output_dir) / LOG_FILE
         self.enabled = enabled
-        if enabled:
+        if enabled and self.path.exists():
             kept = [r for r in read_log(self.path) if resume_step is not None and r["step"] <= resume_step]
             self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 

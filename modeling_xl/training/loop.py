@@ -23,7 +23,7 @@ from .data import PretrainData, tokenizer_vocab_size
 from .feedback import LOG_FILE, PLOT_FILE, Progress, StepLog, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
 from .objectives import objective_for
-from .publishing import model_card, push_folder, write_results
+from .publishing import model_card, push_folder, save_card_keeping_sections, write_results
 from .steps import NonFiniteLossError, train_step
 from .teardown import end_run
 
@@ -82,7 +82,11 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
         from .corpus import build_data as data_builder  # the data pipeline (datasets, tokenizers) is only needed here
     data = data_builder(args, accelerator.process_index, accelerator.num_processes, per_process)
     stream = {"train_tokens": data.info.get("train_tokens"),  # identifies the token stream a checkpoint continues
-              "tokenizer_vocab_size": tokenizer_vocab_size(data.tokenizer)}
+              "tokenizer_vocab_size": tokenizer_vocab_size(data.tokenizer), "objective": args.objective}
+    if args.objective == "plm":  # its samples, targets and permutations are drawn from these
+        from .plm import plm_settings
+
+        stream.update(seed=args.seed, bi_data=args.bi_data, **plm_settings(args))
     if saved is not None:  # still before anything is written or loaded
         check_same_stream(saved, stream, resume_from)
     config = build_config(args, stream["tokenizer_vocab_size"])
@@ -212,7 +216,10 @@ def finish(accelerator, args, model, data, state, results, global_batch: int, wa
     hardware = f"{accelerator.num_processes} x {accelerator.device.type} ({platform.processor() or platform.machine()})"
     card = model_card(out, repo_id=repo_id, args=args, results=results, data_info=info, wall_time_s=wall_time_s,
                       hardware=hardware)
-    card.save(f"{out}/README.md")
+    carried = save_card_keeping_sections(card, f"{out}/README.md")
+    if carried:
+        logger.info("model card: kept the section(s) %s of the earlier card, marked as measured on earlier weights",
+                    ", ".join(carried))
     if args.push_to_hub:
         url = push_folder(out, repo_id, token=args.hub_token, private=args.hub_private_repo)
         logger.info("pushed %s to %s", out, url)

@@ -8,6 +8,7 @@ files of interrupted saves.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
@@ -78,7 +79,14 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
         datasets=[data_info["hub_dataset"]] if data_info.get("hub_dataset") else None,  # local data: no Hub link
     )
     global_batch = data_info.get("train_batch_size", args.train_batch_size)
-    hyperparameters = [("preset", args.preset), ("objective", args.objective), ("train_batch_size (streams)", global_batch)]
+    # the architecture is the preset's unless a model or config folder gave it (the recipe may still be the preset's)
+    given = args.model_name_or_path or args.config_name
+    architecture = (f"Transformer-XL ({args.preset} preset)" if given is None
+                    else f"Transformer-XL (the configuration of `{Path(given).name}`)")
+    hyperparameters = [("preset" if given is None else "recipe preset", args.preset), ("objective", args.objective),
+                       ("train_batch_size (streams)", global_batch)]
+    hyperparameters += [(name, Path(getattr(args, name)).name) for name in ("model_name_or_path", "config_name")
+                        if getattr(args, name)]
     hyperparameters += [(k, getattr(args, k)) for k in (
         "gradient_accumulation_steps", "tgt_len", "mem_len", "eval_tgt_len", "eval_mem_len", "eval_clamp_len",
         "eval_same_length", "max_train_steps", "learning_rate", "optimizer", "weight_decay", "lr_scheduler_type",
@@ -92,7 +100,7 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
                   for k, v in data_info["start"].items() if k in ("perplexity", "bpc")]
     return ModelCard.from_template(
         card_data, template_path=str(path), model_name=repo_id.split("/")[-1], repo_id=repo_id, objective=args.objective,
-        architecture=f"Transformer-XL ({args.preset} preset)",
+        architecture=architecture,
         objective_name="causal LM" if args.objective == "clm" else "XLNet-style permutation LM",
         wall_time=f"{wall_time_s / 60:.1f} minutes", hardware=hardware,
         example_prompt=data_info.get("example_prompt", "The"),
@@ -113,3 +121,23 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
 def write_results(folder, results: dict, history: list[dict]) -> None:
     """`eval_results.json`: final validation metrics and every evaluation during training."""
     Path(folder, "eval_results.json").write_text(json.dumps({**results, "history": history}, indent=2))
+
+
+STALE_NOTE = ("> Measured on the weights this folder held before its latest training run, not on the current ones: run "
+              "the evaluation again to update this section.")
+
+
+def save_card_keeping_sections(card, path) -> list[str]:
+    """Save `card` to `path` (README.md), carrying over the `<!-- name:start -->` ... `<!-- name:end -->` sections
+    other tools added to the card it replaces (`scripts/evaluate_lm.py`'s), each marked as measured on the earlier
+    weights. Returns the names of the sections carried over."""
+    from ..evaluation import update_card_section
+
+    path = Path(path)
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    sections = re.findall(r"<!-- (\S+):start -->\n(.*?)<!-- \1:end -->", old, flags=re.S)
+    card.save(str(path))
+    for name, body in sections:
+        body = body.strip()
+        update_card_section(path, name, body if body.startswith(STALE_NOTE) else f"{STALE_NOTE}\n\n{body}")
+    return [name for name, _ in sections]
