@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numbers
+
+import numpy as np
 from transformers import PreTrainedConfig
 
 # Paper hyperparameters (Dai et al. 2019, Table 1 and the released scripts). `train_*` and `eval_*` entries are the
@@ -188,11 +191,15 @@ class TransformerXLConfig(PreTrainedConfig):
             raise ValueError(f"d_model={self.d_model} is invalid; expected an even number (the sinusoid position "
                              "table pairs a sine and a cosine per frequency)")
         for field in ("adaptive", "pre_lnorm", "untie_r", "same_length", "bi_data"):
-            if not isinstance(getattr(self, field), bool):
+            if not isinstance(getattr(self, field), (bool, np.bool_)):
                 raise ValueError(f"{field}={getattr(self, field)!r} is invalid; expected True or False")
         for field in ("pad_token_id", "bos_token_id"):
             value = getattr(self, field, None)
-            if value is not None and (not _is_int(value) or not 0 <= value < self.vocab_size):
+            if value is None:
+                continue
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{field}={value!r} is invalid; expected None or an integer token id")
+            if not 0 <= value < self.vocab_size:
                 raise ValueError(f"{field}={value!r} is invalid; expected None or a token id in "
                                  f"[0, vocab_size={self.vocab_size})")
         if not isinstance(self.cutoffs, list) or not isinstance(self.tie_projs, list):

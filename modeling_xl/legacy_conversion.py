@@ -203,12 +203,32 @@ def legacy_model_and_new_weights(cls, config_path: str, weights_path: str, dtype
     model.tie_weights()
     if dtype is not None:
         model = model.to(dtype)
-    if isinstance(device_map, (str, int, torch.device)) and device_map != "auto":
-        model = model.to(device_map)
-    elif device_map is not None:
+    device = resolve_device_map(device_map)
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), new_head
+
+
+DISPATCH_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def resolve_device_map(device_map):
+    """The one device a `from_pretrained` device_map names ("cuda", 0, `torch.device`, {"": "cuda:0"}), else None:
+    a dispatch strategy ("auto", "balanced", ...) or a per-module map is not applied to a converted checkpoint (a
+    warning says so; the model stays on the CPU). Anything else is a ValueError naming device_map."""
+    if device_map is None:
+        return None
+    if isinstance(device_map, dict) and set(device_map) == {""}:
+        device_map = device_map[""]
+    if isinstance(device_map, str) and device_map in DISPATCH_STRATEGIES or isinstance(device_map, dict):
         logger.warning("device_map=%r is not applied to a converted legacy checkpoint; the model is on the CPU "
                        "(move it with .to(device))", device_map)
-    return model.eval(), new_head
+        return None
+    try:
+        return torch.device(device_map)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device_map={device_map!r} is invalid; expected a device ('cpu', 'cuda:0', an index), "
+                         f"{{'': device}}, or one of {list(DISPATCH_STRATEGIES)}") from None
 
 
 def resolve_dtype(dtype):

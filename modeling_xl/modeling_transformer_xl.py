@@ -292,6 +292,12 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
         kept token's vectors stay. Returns the input embedding module. Models with a plain embedding table (the
         permutation LM) resize as in transformers."""
         embedding = self.get_input_embeddings()
+        if new_num_tokens is not None:
+            for name in ("pad_token_id", "bos_token_id"):  # the config would no longer load
+                value = getattr(self.config, name, None)
+                if value is not None and value >= new_num_tokens:
+                    raise ValueError(f"new_num_tokens={new_num_tokens} would drop config.{name}={value}; expected more "
+                                     f"than {value} tokens (or set config.{name} first)")
         if not isinstance(embedding, AdaptiveEmbedding):
             return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         if new_num_tokens is None:
@@ -562,11 +568,26 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         inputs = {"input_ids": input_ids, "mems": mems}
         if attention_mask is not None:
             mlen = 0 if mems is None else mems[0].size(1)
+            missing = mlen + input_ids.size(1) - attention_mask.size(1)
+            if missing > 0 and mems_hold_input:  # the caller's memory came before the prompt the mask covers: real
+                ones = attention_mask.new_ones(attention_mask.size(0), missing)
+                attention_mask = torch.cat([ones, attention_mask], 1)
             inputs["attention_mask"] = attention_mask[:, -(mlen + input_ids.size(1)):]
         for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache"):
             if kwargs.get(name) is not None:
                 inputs[name] = kwargs[name]
         return inputs
+
+    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None,
+                                      **model_kwargs):
+        """As in transformers, and the caller's `mems` (a tuple, which transformers leaves alone) repeated row by row
+        too, for `num_beams` / `num_return_sequences` > 1."""
+        mems = model_kwargs.pop("mems", None)
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids,
+                                                                        **model_kwargs)
+        if mems is not None:
+            model_kwargs["mems"] = tuple(m.repeat_interleave(expand_size, dim=0) for m in mems)
+        return input_ids, model_kwargs
 
     def _reorder_cache(self, mems, beam_idx):
         """Beam search: memory rows follow their beams."""

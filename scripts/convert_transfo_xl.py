@@ -7,8 +7,8 @@ LEGACY_DIR holds config.json and model.safetensors or pytorch_model.bin (read wi
 unpickled). OUT_DIR receives safetensors weights, config.json and the model code, loadable with
 `AutoModelForCausalLM.from_pretrained(OUT_DIR, trust_remote_code=True)`; it must be another folder than LEGACY_DIR
 (converting in place would overwrite the legacy files), and a folder that already holds a model or tokenizer is
-refused unless `--overwrite` is given (then a tokenizer there that the legacy folder does not replace is deleted, so
-that no tokenizer of another model stays beside the converted weights). A legacy vocabulary found beside the
+refused unless `--overwrite` is given (then a tokenizer there that the legacy folder does not replace is deleted, and
+the model card, so that nothing of another model stays beside the converted weights). A legacy vocabulary found beside the
 weights is converted into a fast tokenizer; a pickled `vocab.pkl` is read by a restricted parser, never unpickled.
 """
 
@@ -56,10 +56,10 @@ def convert(legacy_dir: str, out_dir: str, dtype: str = "float32", overwrite: bo
         raise ValueError(f"legacy_dir={legacy_dir!r} has no config.json with model_type 'transfo-xl'")
     model = load_legacy_model(TransformerXLForCausalLM, *files, dtype=getattr(torch, dtype))
     model.save_pretrained(out_dir)
-    if convert_vocabulary(legacy_dir, out_dir) is None:  # no tokenizer of another model beside these weights
-        for name in TOKENIZER_FILES:
-            if os.path.exists(os.path.join(out_dir, name)):
-                os.remove(os.path.join(out_dir, name))
+    stale = ("README.md",) + (TOKENIZER_FILES if convert_vocabulary(legacy_dir, out_dir) is None else ())
+    for name in stale:  # nothing of another model beside these weights: its card, a tokenizer not replaced
+        if os.path.exists(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
     return model
 
 

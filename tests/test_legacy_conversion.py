@@ -138,7 +138,12 @@ def test_auto_classes_load_a_legacy_checkpoint(case):
     # dtype as a name and "auto" (the checkpoint's, float32 here; pipeline() passes "auto") were handed to .to()
     assert AutoModelForCausalLM.from_pretrained(FIXTURES / case, dtype="bfloat16").dtype == torch.bfloat16
     assert AutoModelForCausalLM.from_pretrained(FIXTURES / case, dtype="auto").dtype == torch.float32
-    assert AutoModelForCausalLM.from_pretrained(FIXTURES / case, device_map="cpu").device.type == "cpu"
+    for device_map in ("cpu", {"": "cpu"}, "balanced", "auto"):  # strategies: a warning, the model on the CPU
+        assert AutoModelForCausalLM.from_pretrained(FIXTURES / case, device_map=device_map).device.type == "cpu"
+    from modeling_xl.legacy_conversion import resolve_device_map
+
+    with pytest.raises(ValueError, match=r"device_map='gpu-ish' is invalid; expected a device"):
+        resolve_device_map("gpu-ish")
     from modeling_xl.legacy_conversion import resolve_dtype
 
     for bad in ("half-ish", "int8", 3):
@@ -182,6 +187,7 @@ def test_convert_refuses_a_folder_holding_a_model_unless_overwrite(tmp_path):
     out = tmp_path / "out"
     TransformerXLForCausalLM(TransformerXLConfig.from_preset("debug")).save_pretrained(out)
     (out / "tokenizer.json").write_text("{}")
+    (out / "README.md").write_text("the card of another model")
     before = (out / "model.safetensors").read_bytes()
     with pytest.raises(ValueError, match=r"out_dir=.* already holds config.json, model.safetensors, tokenizer.json; "
                                          "expected an empty or new folder, or --overwrite"):
@@ -190,6 +196,7 @@ def test_convert_refuses_a_folder_holding_a_model_unless_overwrite(tmp_path):
     convert_transfo_xl.convert(str(FIXTURES / "case_a"), str(out), overwrite=True)
     assert_matches_legacy(TransformerXLForCausalLM.from_pretrained(out), "case_a")
     assert not (out / "tokenizer.json").exists()  # case_a has no vocabulary: the other model's tokenizer went
+    assert not (out / "README.md").exists()
 
 
 def test_convert_writes_the_legacy_vocabulary_as_a_fast_tokenizer(tmp_path):

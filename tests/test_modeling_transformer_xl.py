@@ -226,6 +226,25 @@ def test_generate_reads_the_whole_prompt_after_the_callers_memory_and_without_ca
     assert not torch.equal(no_cache, greedy_loop(model, x, 4))  # mem_len 3 < context: carrying memory differs
 
 
+def test_generate_after_the_callers_memory_with_a_padded_mask_and_with_beams():
+    """The prompt's mask covers the prompt, not the caller's memory before it (the second step failed on the mask's
+    length); the caller's `mems` follow the rows `num_beams` / `num_return_sequences` make (they were not repeated)."""
+    model = spiced(model_for(mem_len=16))
+    x = torch.randint(1, 97, (2, 9))
+    mems = model(x[:, :3]).mems
+    prompt, mask = x[:, 3:], torch.ones(2, 6, dtype=torch.long)
+    mask[0, :2] = 0
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
+    gen = model.generate(prompt, attention_mask=mask, mems=mems, **kwargs)
+    alone = model.generate(prompt[1:], mems=tuple(m[1:] for m in mems), **kwargs)
+    assert torch.equal(gen[1:], alone)  # the unpadded row as if alone
+    beams = model.generate(prompt, mems=mems, num_beams=3, num_return_sequences=2, **kwargs)
+    for row in range(2):
+        want = model.generate(prompt[row:row + 1], mems=tuple(m[row:row + 1] for m in mems), num_beams=3,
+                              num_return_sequences=2, **kwargs)
+        assert torch.equal(beams[2 * row:2 * row + 2], want)
+
+
 @pytest.mark.parametrize("kwargs", [dict(do_sample=False), dict(num_beams=3, do_sample=False),
                                     dict(do_sample=True, top_k=20)])
 def test_generate_with_memory_equals_generate_without(kwargs):
@@ -369,6 +388,20 @@ def test_config_fields_set_after_construction_are_validated(tmp_path, bad, match
     setattr(config, *next(iter(bad.items())))
     with pytest.raises(ValueError, match=match):
         TransformerXLForCausalLM(config)
+
+
+def test_numpy_values_pass_and_resizing_keeps_the_special_ids_loadable(tmp_path):
+    import numpy as np
+
+    config = TransformerXLConfig.from_preset("debug", pad_token_id=np.int64(3), same_length=np.bool_(True))
+    assert config.pad_token_id == 3 and config.same_length
+    model = model_for(pad_token_id=90)
+    with pytest.raises(ValueError, match=r"new_num_tokens=60 would drop config.pad_token_id=90; expected more than 90"):
+        model.resize_token_embeddings(60)  # it resized, then the saved config no longer loaded
+    assert model.config.vocab_size == 97
+    model.resize_token_embeddings(91)
+    model.save_pretrained(tmp_path)
+    assert TransformerXLForCausalLM.from_pretrained(tmp_path).config.vocab_size == 91
 
 
 def test_float64_model_keeps_float64_and_passes_gradcheck():

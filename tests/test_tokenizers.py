@@ -109,15 +109,20 @@ def unigram():
     return train_unigram_tokenizer(lines, vocab_size=400)
 
 
-def test_word_level_pads_left_with_eos_and_char_level_pairs_end_lines(tmp_path):
-    """A padded batch (the README's `generate(**tokenizer(prompts, padding=True))`) works with the word-level
-    tokenizer as built and as reloaded: on the left, with `<eos>`'s id, masked; no symbol is added. Character and
-    byte level end both texts of a pair with the newline, as a single text."""
+def test_word_level_pads_left_and_char_level_pairs_end_lines(tmp_path):
+    """The word-level tokenizer pads on the left, as built and as reloaded, once a pad token is set (the README's
+    `generate(**tokenizer(prompts, padding=True))`); it declares none (no symbol is added, and `<eos>` as the pad id
+    would make label collators drop every end of line). Character and byte level end both texts of a pair with the
+    newline, as a single text."""
     from transformers import AutoTokenizer
 
     word = train_word_level_tokenizer(["the cat sat", "on the mat"])
+    assert word.pad_token is None and word.padding_side == "left"
     word.save_pretrained(tmp_path)
     for tok in (word, AutoTokenizer.from_pretrained(tmp_path)):
+        with pytest.raises(ValueError, match="does not have a padding token"):
+            tok(["the cat", "the cat sat on"], padding=True)
+        tok.pad_token = tok.eos_token
         batch = tok(["the cat", "the cat sat on"], padding=True)
         assert batch["input_ids"][0] == [0, 0, 1, 2, 0] and batch["attention_mask"][0] == [0, 0, 1, 1, 1]
         assert batch["input_ids"][1] == tok("the cat sat on")["input_ids"] and len(tok) == len(word) == 7

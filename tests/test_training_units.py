@@ -32,9 +32,16 @@ def test_preset_recipe_then_yaml_then_command_line(tmp_path):
 
 
 def test_a_short_run_of_a_preset_scales_the_recipes_warmup():
-    """`--preset tiny --max_train_steps 5` failed: the recipe's 50 warmup steps were longer than the run."""
-    assert parse_args(["--preset", "tiny"]).num_warmup_steps == 50
-    assert parse_args(["--preset", "tiny", "--max_train_steps", "30"]).num_warmup_steps == 50 * 30 // 1500
+    """`--preset tiny --max_train_steps 5` failed: the recipe's 50 warmup steps were longer than the run. A run
+    shorter than the recipe's keeps the recipe's share of warmup; a warmup the caller gave is never changed."""
+    from modeling_xl.training.arguments import PretrainArguments, resolve
+
+    assert parse_args(["--preset", "tiny"]).num_warmup_steps == 50  # the recipe's 1,500 steps
+    for steps in (5, 49, 50, 51, 750):
+        assert parse_args(["--preset", "tiny", "--max_train_steps", str(steps)]).num_warmup_steps == 50 * steps // 1500
+    assert parse_args(["--preset", "tiny", "--max_train_steps", "3000"]).num_warmup_steps == 50
+    assert resolve(PretrainArguments(preset="tiny", num_warmup_steps=10, max_train_steps=30)).num_warmup_steps == 10
+    assert parse_args(["--preset", "tiny", "--max_train_steps", "30", "--num_warmup_steps", "7"]).num_warmup_steps == 7
     with pytest.raises(ValueError, match="num_warmup_steps=50 is longer than max_train_steps=5"):
         parse_args(["--preset", "tiny", "--max_train_steps", "5", "--num_warmup_steps", "50"])  # given: refused
 
@@ -96,6 +103,7 @@ def test_yaml_values_of_the_wrong_type_are_named(tmp_path, text, message):
      r"model_name_or_path='out' are both set"),
     (["--model_name_or_path", "/nonexistent/model"], r"model_name_or_path='/nonexistent/model' does not exist; "
      r"expected a local folder"),
+    (["--tokenizer_name", "~/tok"], r"tokenizer_name='~/tok' starts with '~', which is not expanded here"),
 ])
 def test_bad_arguments_are_named(argv, message):
     with pytest.raises(ValueError, match=message):

@@ -71,9 +71,11 @@ def word_level_tokenizer(vocab: Sequence[str], *, unk_token: str = UNK, eos_toke
                          add_eos: bool = True, lowercase: bool = False):
     """A transformers fast tokenizer with exactly these ids (vocab[i] has id i).
 
-    `add_eos` appends `eos_token` to every encoded text (one per corpus line, as Transformer-XL). Padding, for
-    batches of texts of unequal length (`padding=True`), goes on the left (generation continues every row at the
-    same column) with `eos_token`'s id, hidden by `attention_mask`; no symbol is added to the vocabulary for it.
+    `add_eos` appends `eos_token` to every encoded text (one per corpus line, as Transformer-XL). Padding goes on
+    the left (generation continues every row at the same column). The vocabulary has no pad symbol (as the reference's;
+    one would change the model's vocabulary size): for `padding=True` set `tokenizer.pad_token = tokenizer.eos_token`
+    (`attention_mask` hides the padding). Then label collators that ignore the pad id, such as transformers'
+    `DataCollatorForLanguageModeling`, also ignore every `<eos>` target; the project's streams use no padding.
     """
     if len(set(vocab)) != len(vocab):
         raise ValueError(f"vocab has {len(vocab) - len(set(vocab))} duplicate entries; expected unique symbols")
@@ -90,8 +92,8 @@ def word_level_tokenizer(vocab: Sequence[str], *, unk_token: str = UNK, eos_toke
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"$A {eos_token}", pair=f"$A {eos_token} $B {eos_token}", special_tokens=[(eos_token, ids[eos_token])])
     specials = {"unk_token": unk_token, "padding_side": "left"}
-    if eos_token is not None:  # no symbol is added for padding: `attention_mask` hides it, any id will do
-        specials["eos_token"] = specials["pad_token"] = eos_token
+    if eos_token is not None:
+        specials["eos_token"] = eos_token
     return wrap_tokenizer(tokenizer, **specials)
 
 

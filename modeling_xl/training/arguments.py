@@ -200,19 +200,21 @@ def resolve(args: PretrainArguments, explicit: set[str] = frozenset()) -> Pretra
             f"train_batch_size={values['train_batch_size']} and per_device_train_batch_size="
             f"{values['per_device_train_batch_size']} are both set; expected one (global = per-device x processes)"
         )
-    recipe = RECIPES[args.preset]
+    recipe, from_recipe = RECIPES[args.preset], set()
     for recipe_key, name in _RECIPE_FIELDS.items():
         if values[name] is None and name not in explicit and recipe_key in recipe:
             values[name] = recipe[recipe_key]
+            from_recipe.add(name)
     saved_tokenizer = values["tokenizer_name"] or values["model_name_or_path"]
     for name in ("tokenizer_vocab_size", "tokenizer_type"):  # they describe a tokenizer trained here
         if saved_tokenizer is not None and name in explicit and values[name] is not None:
             source = "tokenizer_name" if values["tokenizer_name"] else "model_name_or_path"
             raise ValueError(f"{name}={values[name]!r} and {source}={saved_tokenizer!r} are both set; expected one "
                              f"({name} applies to a tokenizer trained on the corpus, {source} loads a saved one)")
-    if ("num_warmup_steps" not in explicit and values["max_train_steps"] is not None
-            and recipe.get("warmup_steps", 0) > values["max_train_steps"]):
-        # a short run of a preset (--max_train_steps 5): its warmup keeps the recipe's share of the steps
+    if ("num_warmup_steps" in from_recipe and values["max_train_steps"] is not None and "max_steps" in recipe
+            and values["max_train_steps"] < recipe["max_steps"]):
+        # a run shorter than the recipe's (--max_train_steps 5 of the tiny preset's 1,500): its warmup keeps the
+        # recipe's share of the steps (the whole of it would be longer than the run, or most of it)
         values["num_warmup_steps"] = recipe["warmup_steps"] * values["max_train_steps"] // recipe["max_steps"]
         logger.info("num_warmup_steps=%d: the %s recipe's %d warmup steps of %d, scaled to max_train_steps=%d",
                     values["num_warmup_steps"], args.preset, recipe["warmup_steps"], recipe["max_steps"],
@@ -370,11 +372,17 @@ def save_resolved(args: PretrainArguments, folder: Path, extra: dict | None = No
 
 
 def check_model_source(name: str, value: str | None) -> None:
-    """ValueError when `value` is meant as a local path (absolute, relative with ./ ../ ~, or more than one "/") and
-    does not exist; otherwise transformers would read it as a Hub id and fail on its characters."""
-    if value is None or os.path.exists(os.path.expanduser(value)):
+    """ValueError when `value` is meant as a local path (absolute, relative with ./ ../, or more than one "/") and
+    does not exist, or starts with "~" (which nothing expands on the way to `from_pretrained`); otherwise
+    transformers would read it as a Hub id and fail on its characters."""
+    if value is None:
         return
-    if value.startswith(("/", ".", "~")) or value.count("/") > 1 or os.sep != "/" and os.sep in value:
+    if value.startswith("~"):
+        raise ValueError(f"{name}={value!r} starts with '~', which is not expanded here; expected the full path "
+                         f"({os.path.expanduser(value)!r})")
+    if os.path.exists(value):
+        return
+    if value.startswith(("/", ".")) or value.count("/") > 1 or os.sep != "/" and os.sep in value:
         raise ValueError(f"{name}={value!r} does not exist; expected a local folder (written by save_pretrained) or "
                          "a Hub id 'name' / 'user/name'")
 
