@@ -8,7 +8,8 @@ unpickled). OUT_DIR receives safetensors weights, config.json and the model code
 `AutoModelForCausalLM.from_pretrained(OUT_DIR, trust_remote_code=True)`; it must be another folder than LEGACY_DIR
 (converting in place would overwrite the legacy files), and a folder that already holds a model or tokenizer is
 refused unless `--overwrite` is given (then a tokenizer there that the legacy folder does not replace is deleted, and
-the model card, so that nothing of another model stays beside the converted weights). A legacy vocabulary found beside the
+the model card, so that no tokenizer or card of another model stays beside the converted weights; other files, such
+as an earlier training run's records, are kept). A legacy vocabulary found beside the
 weights is converted into a fast tokenizer; a pickled `vocab.pkl` is read by a restricted parser, never unpickled.
 """
 

@@ -1,6 +1,6 @@
 """Ordered streams for recurrent training and evaluation (Transformer-XL batching).
 
-Layout (REFERENCE.md "Ordered streams"): a stream of N tokens gives N - 1 (input, next token) pairs; they are cut into
+Layout (as the Transformer-XL reference's ordered iterator): a stream of N tokens gives N - 1 (input, next token) pairs; they are cut into
 B contiguous rows of n pairs. Row b holds inputs x[b·n : (b+1)·n] and targets x[b·n+1 : (b+1)·n+1], so every row
 carries its one-token lookahead: the target at a segment's last position is the first input of the next segment, and
 the last target of row b is the first input of row b+1. Batch t holds columns [t·L, (t+1)·L) of every row, so row b of
