@@ -177,6 +177,14 @@ def plot_sweep(rows: list[dict], path, metric: str = "perplexity") -> None:
     plt.close(fig)
 
 
+def card_sections(text: str) -> list[tuple[str, str]]:
+    """(name, markdown) of every `update_card_section` section in a card's text, in order."""
+    import re
+
+    return [(name, body.strip()) for name, body in
+            re.findall(r"<!-- (\S+):start -->\n(.*?)<!-- \1:end -->", text, flags=re.S)]
+
+
 def update_card_section(readme_path, name: str, markdown: str) -> None:
     """Write `markdown` into README.md between `<!-- name:start -->` and `<!-- name:end -->`: replaced when the
     section exists, appended otherwise (the rest of the card is kept; a missing card is created). Markers left

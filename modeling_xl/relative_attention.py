@@ -100,6 +100,16 @@ def causal_mask(qlen: int, mlen: int, same_length: bool = False, mem_len: int = 
     return mask
 
 
+def takes_fused_path(dropout_p: float, output_attentions: bool) -> bool:
+    """Whether attention runs through a fused autograd node (`FusedRelativeAttention` / `FusedBiasedAttention`) rather
+    than plain ops or SDPA: with gradients, and also without them when there is attention dropout (reentrant
+    activation checkpointing runs the forward under no_grad and recomputes it with gradients: both must draw the same
+    dropout masks). Not when the probabilities are returned, nor under torch.compile, which traces the plain ops (no
+    graph break) and fuses them itself."""
+    return ((torch.is_grad_enabled() or dropout_p > 0) and not output_attentions
+            and not torch.compiler.is_compiling())
+
+
 def attend(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -114,10 +124,10 @@ def attend(
 
     query [B, H, T, D] (already includes the content bias u), key/value [B, H, K, D], score_bias [B|1, H, T, K]
     (the position and segment terms, unscaled), mask bool broadcastable to [B, H, T, K] (True = hidden).
-    A fully hidden row gets uniform weights instead of NaN (as XLNet's `-1e30` does). With gradients, or with dropout
-    (whose masks must not depend on the grad mode), the fused node computes it.
+    A fully hidden row gets uniform weights instead of NaN (as XLNet's `-1e30` does). Where `takes_fused_path`, the
+    fused node computes it.
     """
-    if (torch.is_grad_enabled() or dropout_p > 0) and not output_attentions and not torch.compiler.is_compiling():
+    if takes_fused_path(dropout_p, output_attentions):
         return FusedBiasedAttention.apply(query, key, value, score_bias, mask, dropout_p), None
     scale = 1.0 / math.sqrt(query.size(-1))
     bias = score_bias * scale
@@ -652,11 +662,7 @@ class RelativeMultiHeadAttention(nn.Module):
         q, k, v = self.project(h, mem, use_cache)
         klen = k.size(2)
         dropout_p = self.dropatt if self.training else 0.0
-        # Under torch.compile the plain ops below are traced (no graph break) and fused by the compiler. With attention
-        # dropout the fused path is taken without gradients too: reentrant activation checkpointing runs the forward
-        # under no_grad and recomputes with gradients, and both must draw the same dropout masks.
-        if ((torch.is_grad_enabled() or dropout_p > 0) and not output_attentions and attn_mask is not None
-                and not torch.compiler.is_compiling()):
+        if takes_fused_path(dropout_p, output_attentions) and attn_mask is not None:
             r = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)  # [H, R, D]
             attn_vec = FusedRelativeAttention.apply(q, r_w_bias, r_r_bias, k, v, r,
                                                     attn_mask, h.size(1) - 1, dropout_p)

@@ -72,11 +72,9 @@ def load(args):
 
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or folder)
-    try:  # before any evaluation: an id past the softmax would fail only where the data happens to hold one
-        check_vocab_matches(tokenizer, model.config, allow_larger_model=True)
-    except ValueError as error:
-        name = args.tokenizer_name or str(folder)
-        raise ValueError(f"tokenizer_name={name!r} does not fit the model: {error}") from None
+    # before any evaluation: an id past the softmax would fail only where the data happens to hold one
+    check_vocab_matches(tokenizer, model.config, allow_larger_model=True,
+                        context=f"tokenizer_name={args.tokenizer_name or str(folder)!r} does not fit the model")
     return model, tokenizer
 
 

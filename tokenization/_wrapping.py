@@ -15,11 +15,12 @@ def wrap_tokenizer(tokenizer: Tokenizer, **special_tokens) -> PreTrainedTokenize
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special_tokens)
 
 
-def check_vocab_matches(tokenizer, config, *, allow_larger_model: bool = False) -> None:
+def check_vocab_matches(tokenizer, config, *, allow_larger_model: bool = False, context: str | None = None) -> None:
     """Raise ValueError unless the tokenizer's vocabulary fits the model's `config.vocab_size`.
 
     Transformer-XL's adaptive softmax partitions exactly `vocab_size` ids with `cutoffs`, so by default the sizes must be
     equal; `allow_larger_model=True` accepts a model with unused extra rows (never a smaller one: ids would overflow).
+    `context` opens the message (e.g. "tokenizer_name='tok' does not fit the model"): where the tokenizer came from.
     """
     tokens = len(tokenizer)
     model = getattr(config, "vocab_size", None)
@@ -28,5 +29,7 @@ def check_vocab_matches(tokenizer, config, *, allow_larger_model: bool = False) 
     if tokens == model or (allow_larger_model and tokens < model):
         return
     relation = "at most" if allow_larger_model else "exactly"
-    raise ValueError(f"tokenizer vocabulary has {tokens} tokens but config.vocab_size={model}; expected {relation} "
-                     f"{model} tokens. Build the model with vocab_size={tokens} or use the tokenizer it was trained with")
+    prefix = "" if context is None else f"{context}: "
+    raise ValueError(f"{prefix}tokenizer vocabulary has {tokens} tokens but config.vocab_size={model}; expected "
+                     f"{relation} {model} tokens. Build the model with vocab_size={tokens} or use the tokenizer it was "
+                     "trained with")

@@ -276,11 +276,10 @@ def run_finetuning(args: FinetuneArguments) -> dict:
         saved = read_training_state(resume_from)
         check_compatible(saved, layout, resume_from, max_steps)
     model = build_model(args, mapping)
-    try:  # before the first batch: an id past the embedding would fail there, naming neither the model nor tokenizer
-        check_vocab_matches(tokenizer, model.config, allow_larger_model=True)
-    except ValueError as error:
-        raise ValueError(f"tokenizer_name={args.tokenizer_name or args.model_name_or_path!r} does not fit "
-                         f"model_name_or_path={args.model_name_or_path!r}: {error}") from None
+    # before the first batch: an id past the embedding would fail there, naming neither the model nor the tokenizer
+    check_vocab_matches(tokenizer, model.config, allow_larger_model=True,
+                        context=f"tokenizer_name={args.tokenizer_name or args.model_name_or_path!r} does not fit "
+                                f"model_name_or_path={args.model_name_or_path!r}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
     # the prepared scheduler steps once per process at every optimizer step (Accelerate's convention)
     scheduler = get_scheduler("linear", optimizer, num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
@@ -311,10 +310,9 @@ def run_finetuning(args: FinetuneArguments) -> dict:
     step = train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps, step, resumed_rng, start,
                       log, evaluate_at, checkpoint_at)
     train_seconds = time.perf_counter() - start
-    if history and history[-1]["step"] == step:  # the last step was an eval step: the same weights, already scored
-        final = {k: v for k, v in history[-1].items() if k != "step"}
-    else:
-        final = evaluate_model(accelerator, model, dev_loader, metrics, metric_kwargs)
+    scored = bool(history) and history[-1]["step"] == step  # the last step was an eval step: already scored
+    final = ({k: v for k, v in history[-1].items() if k != "step"} if scored
+             else evaluate_model(accelerator, model, dev_loader, metrics, metric_kwargs))
     results = {"dev": final, "history": history, "train_steps": step, "train_seconds": train_seconds,
                "train_examples_seen": step * args.per_device_train_batch_size * accelerator.num_processes,
                "num_train_examples": len(train), "num_dev_examples": len(dev), "labels": list(map(str, mapping)),
@@ -322,7 +320,7 @@ def run_finetuning(args: FinetuneArguments) -> dict:
                "args": asdict(args)}
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        if not history or history[-1]["step"] != step:
+        if not scored:
             log.write({"step": step, **final})
         save_outputs(accelerator.unwrap_model(model), tokenizer, args, results)
     del model, optimizer, train_loader, dev_loader, scheduler  # the prepared wrappers go first (see `end_run`)

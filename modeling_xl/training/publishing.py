@@ -8,7 +8,6 @@ files of interrupted saves.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
@@ -131,13 +130,11 @@ def save_card_keeping_sections(card, path) -> list[str]:
     """Save `card` to `path` (README.md), carrying over the `<!-- name:start -->` ... `<!-- name:end -->` sections
     other tools added to the card it replaces (`scripts/evaluate_lm.py`'s), each marked as measured on the earlier
     weights. Returns the names of the sections carried over."""
-    from ..evaluation import update_card_section
+    from ..evaluation import card_sections, update_card_section
 
     path = Path(path)
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
-    sections = re.findall(r"<!-- (\S+):start -->\n(.*?)<!-- \1:end -->", old, flags=re.S)
+    sections = card_sections(path.read_text(encoding="utf-8")) if path.exists() else []
     card.save(str(path))
     for name, body in sections:
-        body = body.strip()
         update_card_section(path, name, body if body.startswith(STALE_NOTE) else f"{STALE_NOTE}\n\n{body}")
     return [name for name, _ in sections]
