@@ -33,6 +33,31 @@ def count_words(lines: Iterable[str] | pa.Array, *, lowercase: bool = False) -> 
     return encoded.dictionary.to_pylist(), counts
 
 
+class WordCounter:
+    """`count_words` over a corpus read batch by batch (streamed, larger than memory): memory holds the distinct
+    words, not the text. `update(lines)` per batch; `result()` gives exactly what `count_words` gives on all the
+    lines at once (words in first-seen order, their counts), so the vocabulary and its ids are the same.
+
+    Example: update(["b a"]), update(["a c"]) -> (["b", "a", "c"], [1, 2, 1]).
+    """
+
+    def __init__(self, *, lowercase: bool = False):
+        self.lowercase = lowercase
+        self.index: dict[str, int] = {}  # word -> first-seen position
+        self.counts = np.zeros(0, dtype=np.int64)
+
+    def update(self, lines: Iterable[str] | pa.Array) -> None:
+        words, counts = count_words(lines, lowercase=self.lowercase)  # first-seen order within the batch
+        positions = np.fromiter((self.index.setdefault(word, len(self.index)) for word in words), dtype=np.int64,
+                                count=len(words))
+        if len(self.index) > self.counts.size:
+            self.counts = np.concatenate([self.counts, np.zeros(len(self.index) - self.counts.size, np.int64)])
+        np.add.at(self.counts, positions, counts)
+
+    def result(self) -> tuple[list[str], np.ndarray]:
+        return list(self.index), self.counts.copy()
+
+
 def lowercase_like_tokenizers(lines: pa.Array) -> pa.Array:
     """Lowercase exactly as the `tokenizers` Lowercase normalizer (Arrow's kernel agrees with it on ASCII text)."""
     if pc.all(pc.string_is_ascii(lines)).as_py() is not False:

@@ -64,6 +64,9 @@ class PretrainArguments:
     tokenizer_type: str = field(default="word", metadata={"help": "tokenizer trained when none is given: word, char or byte"})
     tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "symbols of a trained word-level tokenizer, special tokens included (default: the preset's vocab_size; fewer when the corpus has fewer words)"})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "processes for tokenization"})
+    token_cache_dir: str | None = field(default=None, metadata={"help": "tokenize the corpus once into this folder (a flat token file per split, memory-mapped by every process and every later run with the same corpus and tokenizer): for corpora larger than memory"})
+    streaming: bool = field(default=False, metadata={"help": "clm: read the training split with datasets streaming, tokenized on the fly, never stored (see docs/data.md for its costs)"})
+    num_train_tokens: int | None = field(default=None, metadata={"help": "streaming: the training split's token count (skips the counting pass)"})
     char_level: bool | None = field(default=None, metadata={"help": "report bits per character (default: True for char/byte tokenizers)"})
     # model
     preset: str = field(default="tiny", metadata={"help": f"model preset: {', '.join(PRESETS)}"})
@@ -258,6 +261,7 @@ def validate(args: PretrainArguments) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < len(specials) + 1:
             raise ValueError(f"tokenizer_vocab_size={value!r} is invalid; expected an integer >= {len(specials) + 1} "
                              f"(the special tokens {specials} and at least one word)")
+    check_data_source(args)
     if args.overwrite_output_dir and args.resume_from_checkpoint is not None:
         raise ValueError(f"overwrite_output_dir=True and resume_from_checkpoint={args.resume_from_checkpoint!r} are "
                          "both set; expected one (overwriting deletes the checkpoints a resume reads)")
@@ -284,6 +288,27 @@ def validate(args: PretrainArguments) -> None:
         check_model_source(name, getattr(args, name))
     if args.push_to_hub and args.hub_model_id is not None and args.hub_model_id.count("/") > 1:
         raise ValueError(f"hub_model_id={args.hub_model_id!r} is invalid; expected 'name' or 'user/name'")
+
+
+def check_data_source(args: PretrainArguments) -> None:
+    """--streaming / --token_cache_dir / --num_train_tokens combinations."""
+    if args.streaming and args.token_cache_dir is not None:
+        raise ValueError(f"streaming=True and token_cache_dir={args.token_cache_dir!r} are both set; expected one "
+                         "(the cache tokenizes the corpus once and memory-maps it; streaming never stores it)")
+    if args.streaming and args.objective == "plm":
+        raise ValueError("streaming=True with objective='plm' is not supported: permutation-LM samples draw their B "
+                         "segment anywhere in the row, which needs random access; expected --token_cache_dir")
+    if args.streaming and args.tokenizer_type == "char" and not (args.tokenizer_name or args.model_name_or_path):
+        raise ValueError("streaming=True with tokenizer_type='char' is not supported; expected tokenizer_type 'word' "
+                         "or 'byte', or a saved tokenizer (--tokenizer_name)")
+    if args.num_train_tokens is not None:
+        if not args.streaming:
+            raise ValueError(f"num_train_tokens={args.num_train_tokens} is set without streaming=True; expected it "
+                             "only with --streaming (other paths count the tokens they store)")
+        _positive("num_train_tokens", args.num_train_tokens)
+    if args.token_cache_dir is not None and args.token_cache_dir.startswith("~"):
+        raise ValueError(f"token_cache_dir={args.token_cache_dir!r} starts with '~', which is not expanded here; "
+                         f"expected the full path ({os.path.expanduser(args.token_cache_dir)!r})")
 
 
 def processes_split(args: PretrainArguments, num_processes: int) -> tuple[int, int]:

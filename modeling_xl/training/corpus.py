@@ -24,17 +24,28 @@ VALIDATION_FRACTION = 0.05  # held out from the end of the training rows when th
 def build_data(args, process_index: int, num_processes: int, per_process: int) -> PretrainData:
     """Tokenizer and ordered streams of this process. The main process loads and tokenizes first (it fills the
     `datasets` cache); the others then read the cache."""
+    if args.streaming:
+        from .streaming_corpus import build_streaming_data
+
+        return build_streaming_data(args, process_index, num_processes, per_process)
     with PartialState().main_process_first():
-        corpus, source = load_splits(args)
-        tokenizer = load_tokenizer(args, corpus)
-        if args.objective == "plm":
-            from .plm import add_plm_tokens
+        if args.token_cache_dir is not None:  # tokenized once, memory-mapped by every process and later run
+            from .cached_corpus import cached_tokens
 
-            add_plm_tokens(tokenizer)
-        from ..data.tokenize import tokenize_corpus
+            cache = cached_tokens(args)
+            tokenizer, source = cache.tokenizer(), str(args.train_file or args.dataset_name)
+            ids = {split: cache.tokens(split) for split in ("train", "validation")}
+        else:
+            corpus, source = load_splits(args)
+            tokenizer = load_tokenizer(args, corpus)
+            if args.objective == "plm":
+                from .plm import add_plm_tokens
 
-        ids = tokenize_corpus(corpus, tokenizer, text_column=args.text_column,
-                              num_proc=args.preprocessing_num_workers)
+                add_plm_tokens(tokenizer)
+            from ..data.tokenize import tokenize_corpus
+
+            ids = tokenize_corpus(corpus, tokenizer, text_column=args.text_column,
+                                  num_proc=args.preprocessing_num_workers)
     info = describe(args, source, tokenizer, ids)
     num_streams = per_process * num_processes
     if args.objective == "plm":
@@ -89,6 +100,10 @@ def load_tokenizer(args, corpus):
                              "tokenizer.json (e.g. written by scripts/train_tokenizer.py)") from None
     from ..configuration_transformer_xl import PRESETS
 
+    if args.tokenizer_type == "byte":
+        from tokenization.char_level import byte_level_tokenizer
+
+        return byte_level_tokenizer()
     texts = corpus["train"].data.column(args.text_column)
     if args.tokenizer_type == "word":
         vocab_size = args.tokenizer_vocab_size or PRESETS[args.preset]["vocab_size"]
@@ -98,10 +113,6 @@ def load_tokenizer(args, corpus):
         from tokenization.char_level import train_char_level_tokenizer
 
         return train_char_level_tokenizer(texts.to_pylist())
-    if args.tokenizer_type == "byte":
-        from tokenization.char_level import byte_level_tokenizer
-
-        return byte_level_tokenizer()
     raise ValueError(f"tokenizer_type={args.tokenizer_type!r} is invalid; expected 'word', 'char' or 'byte'")
 
 
@@ -113,9 +124,15 @@ def word_level_tokenizer_of_size(texts, vocab_size: int):
     is appended after the words. Example, vocab_size 4: "a a a b b <unk> c" -> [<eos>, a, b, <unk>] (<unk> is a word
     of the corpus); "a a b c" -> [<eos>, a, b, <unk>] (c makes room for the appended <unk>).
     """
-    from tokenization.word_level import build_vocab, count_words, word_level_tokenizer
+    from tokenization.word_level import count_words
 
-    words, counts = count_words(texts)
+    return word_level_tokenizer_from_counts(*count_words(texts), vocab_size)
+
+
+def word_level_tokenizer_from_counts(words, counts, vocab_size: int):
+    """`word_level_tokenizer_of_size` from word counts already made (e.g. streamed, `tokenization.WordCounter`)."""
+    from tokenization.word_level import build_vocab, word_level_tokenizer
+
     if not words:
         raise ValueError("the corpus has no words (empty or whitespace only); expected at least one non-empty line")
     vocab = build_vocab(words, counts, max_size=vocab_size - 1)  # <eos> + words, <unk> among them if the corpus has it

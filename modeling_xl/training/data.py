@@ -43,13 +43,22 @@ def tokenizer_vocab_size(tokenizer) -> int:
     return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
 
 
+def _token_array(ids) -> np.ndarray:
+    """Token ids as a 1-D numpy array without copying an array or memmap (a cached corpus stays on disk)."""
+    if isinstance(ids, torch.Tensor):
+        return ids.detach().cpu().numpy()
+    return ids if isinstance(ids, np.ndarray) else np.asarray(ids, dtype=np.int64)
+
+
 def data_from_tokens(tokenizer, train_ids, valid_ids, *, num_streams: int, tgt_len: int, eval_tgt_len: int,
                      num_processes: int = 1, process_index: int = 0, info: dict | None = None) -> PretrainData:
     """PretrainData from two 1-D token id sequences (training and validation), split over processes."""
     vocab = tokenizer_vocab_size(tokenizer)
-    train_ids, valid_ids = (torch.from_numpy(np.array(ids, dtype=np.int64)) for ids in (train_ids, valid_ids))
+    train_ids, valid_ids = _token_array(train_ids), _token_array(valid_ids)
     for name, ids in (("training", train_ids), ("validation", valid_ids)):
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        if isinstance(ids, np.memmap):  # a token cache, written by this tokenizer: not read through up front
+            continue
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             raise ValueError(f"the {name} token ids reach {int(ids.max())}, outside the tokenizer's vocabulary of "
                              f"{vocab}; expected ids produced by the same tokenizer")
     train = OrderedStreams(train_ids, num_streams, tgt_len, rank=process_index, world_size=num_processes)
