@@ -61,15 +61,15 @@ def test_config_errors_name_argument_value_and_expectation(overrides, words):
 def test_layout_errors():
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match=r"too short: 4 rows need at least seq_len=64 .* >= 256 tokens"):
-        plm_layout(index_stream(255), 4, 64, 32, SEP, CLS, rng)
+        plm_layout(index_stream(255), 4, 64, 32, SEP, CLS, 0)
     with pytest.raises(ValueError, match=r"batch_size must be even with bi_data=True.*got 3"):
-        plm_layout(index_stream(1000), 3, 64, 32, SEP, CLS, rng, bi_data=True)
+        plm_layout(index_stream(1000), 3, 64, 32, SEP, CLS, 0, bi_data=True)
     with pytest.raises(ValueError, match=r"reuse_len must satisfy 0 < reuse_len < seq_len=64, got 64"):
-        plm_layout(index_stream(1000), 2, 64, 64, SEP, CLS, rng)
+        plm_layout(index_stream(1000), 2, 64, 64, SEP, CLS, 0)
     with pytest.raises(ValueError, match=r"stream must be 1-D"):
-        plm_layout(index_stream(1000).reshape(2, 500), 2, 64, 32, SEP, CLS, rng)
+        plm_layout(index_stream(1000).reshape(2, 500), 2, 64, 32, SEP, CLS, 0)
     with pytest.raises(ValueError, match=r"sentence_ids must have the stream's shape"):
-        plm_layout(index_stream(1000), 2, 64, 32, SEP, CLS, rng, sentence_ids=np.zeros(999))
+        plm_layout(index_stream(1000), 2, 64, 32, SEP, CLS, 0, sentence_ids=np.zeros(999))
     with pytest.raises(ValueError, match=r"input_ids must have shape \(64,\), got \(63,\)"):
         sample_plm_example(index_stream(63), PLMSamplingConfig(**SMALL), rng)
     with pytest.raises(ValueError, match=r"num_predict=5 is larger than the 4 selectable"):
@@ -107,7 +107,7 @@ def test_split_a_and_b_properties():
 def test_layout_rows_continue_and_specials_placed():
     seq_len, reuse_len, batch_size = 64, 32, 3
     stream = index_stream(3000)
-    out = plm_layout(stream, batch_size, seq_len, reuse_len, SEP, CLS, np.random.default_rng(0), sentence_len=9)
+    out = plm_layout(stream, batch_size, seq_len, reuse_len, SEP, CLS, 0, sentence_len=9)
     row_len = len(stream) // batch_size
     num_steps = (row_len - seq_len) // reuse_len + 1
     assert out["input_ids"].shape == (num_steps * batch_size, seq_len)
@@ -130,7 +130,7 @@ def test_layout_rows_continue_and_specials_placed():
 
 
 def test_layout_bi_data_reverses_second_half_of_rows():
-    out = plm_layout(index_stream(2000), 4, 64, 32, SEP, CLS, np.random.default_rng(0), bi_data=True)
+    out = plm_layout(index_stream(2000), 4, 64, 32, SEP, CLS, 0, bi_data=True)
     assert out["reverse"][:4].tolist() == [0, 0, 1, 1]
     forward, backward = out["input_ids"][0], out["input_ids"][2]
     assert np.all(np.diff(forward[:32]) == 1) and np.all(np.diff(backward[:32]) == -1)
@@ -229,7 +229,7 @@ def test_join_half_masks_and_targets_to_mapping_examples():
 @pytest.mark.parametrize("reverse", [False, True])
 def test_sample_statistics_over_many_draws(reverse):
     config = PLMSamplingConfig(**SMALL)
-    layout = plm_layout(index_stream(4000), 2, 64, 32, SEP, CLS, np.random.default_rng(0))
+    layout = plm_layout(index_stream(4000), 2, 64, 32, SEP, CLS, 0)
     rng = np.random.default_rng(4)
     reuse, half0, half1 = config.reuse_len, *config.num_predict_per_half
     for n in range(300):

@@ -112,6 +112,11 @@ def split_a_and_b(
     return row[a_begin:a_end], row[b_begin:b_end], is_next
 
 
+def sample_rng(seed: int, row: int, step: int) -> np.random.Generator:
+    """The generator of the A/B choice of one sample: a pure function of (seed, row, step)."""
+    return np.random.default_rng([seed, row, step])
+
+
 def _check_layout_args(num_tokens: int, batch_size: int, seq_len: int, reuse_len: int, bi_data: bool) -> int:
     """Validate the layout arguments; return the number of rows the stream is cut into."""
     if batch_size < 1:
@@ -141,7 +146,7 @@ def plm_layout(
     reuse_len: int,
     sep_id: int,
     cls_id: int,
-    rng: np.random.Generator,
+    seed: int,
     sentence_ids: np.ndarray | None = None,
     sentence_len: int = 64,
     bi_data: bool = False,
@@ -151,9 +156,10 @@ def plm_layout(
 
     Args:
         stream: 1-D token ids. sentence_ids: same length, value changes at sentence boundaries (default:
-        ``chunk_sentence_ids(len(stream), sentence_len)``). rng: drives the A/B choice (drawn step by step, so
-        step t depends only on the stream and steps before it). max_steps: lay out only the first max_steps steps
-        (the rows are still cut from the whole stream, so step t is the same for every max_steps > t).
+        ``chunk_sentence_ids(len(stream), sentence_len)``). seed: the A/B choice of row b at step t is drawn from
+        ``sample_rng(seed, b, t)``, so a sample depends only on the stream and (seed, row, step): any row and step
+        can be laid out alone (``plm_rows.PLMRowLayout`` does so lazily from a memory-mapped corpus). max_steps:
+        lay out only the first max_steps steps (the rows are still cut from the whole stream).
     Returns (N = num_steps * batch_size):
         input_ids int64 [N, seq_len], token_type_ids int64 [N, seq_len], is_next int64 [N],
         reverse int64 [N] (1 for bi_data backward rows), row int64 [N], step int64 [N].
@@ -189,7 +195,7 @@ def plm_layout(
         start = step * reuse_len
         for b in range(batch_size):
             a, b_seg, is_next = split_a_and_b(
-                rows[b], row_sentences[b], start + reuse_len, total_len, rng, boundaries[b]
+                rows[b], row_sentences[b], start + reuse_len, total_len, sample_rng(seed, b, step), boundaries[b]
             )
             ids = np.concatenate([rows[b, start : start + reuse_len], a, [sep_id], b_seg, [sep_id], [cls_id]])
             segments = [SEGMENT_A] * (reuse_len + len(a) + 1) + [SEGMENT_B] * (len(b_seg) + 1) + [SEGMENT_CLS]

@@ -336,7 +336,7 @@ def build_plm_dataset(
         config.reuse_len,
         config.sep_id,
         config.cls_id,
-        np.random.default_rng(seed),
+        seed,
         sentence_ids=sentence_ids,
         sentence_len=sentence_len,
         bi_data=bi_data,

@@ -8,11 +8,11 @@ memory `cat(mem, h[:, :reuse_len])[-mem_len:]` to the next step (the model compu
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from ..data.plm_layout import NUM_SPECIAL_TOKENS, sentence_ids_from_eos
-from ..data.plm_sampling import PLMCollator, PLMSamplingConfig, build_plm_dataset
+from ..data.plm_layout import NUM_SPECIAL_TOKENS
+from ..data.plm_rows import PLMRowLayout
+from ..data.plm_sampling import PLMCollator, PLMSamplingConfig
 from .evaluation import perplexity, recurrence_settings
 from .objectives import Objective
 
@@ -61,17 +61,14 @@ class PLMStreams:
                  max_steps: int | None = None, bi_data=False, chunks: int = 1):
         sep_id, cls_id = add_plm_tokens(tokenizer)
         self.sampling = PLMSamplingConfig(sep_id=sep_id, cls_id=cls_id, **settings)
-        tokens = np.asarray(tokens, dtype=np.int64)
-        eos = tokenizer.eos_token_id
-        sentences = sentence_ids_from_eos(tokens, eos).astype(np.int8) if eos is not None else None
-        # The rows are cut from the whole text; only the steps the run reads (max_steps per row) are materialised.
-        # So step t is the same whatever max_steps (> t) is: a run resumed with a larger --max_train_steps reads the
-        # batches of the uninterrupted run, and each memory still belongs to its row.
-        self.dataset = build_plm_dataset(tokens, num_streams, self.sampling, seed=seed, sentence_ids=sentences,
-                                         bi_data=bi_data, max_steps=max_steps)
+        # Samples are laid out on demand (`PLMRowLayout`, equal to the eager `plm_layout`), reading windows of
+        # `tokens`, which may be a memory-mapped token cache: nothing is materialised, and a sample depends only on
+        # (seed, row, step), so a resumed run (with any --max_train_steps) reads the batches of the uninterrupted one.
+        self.layout = PLMRowLayout(tokens, num_streams, settings["seq_len"], settings["reuse_len"], sep_id, cls_id,
+                                   seed, eos_id=tokenizer.eos_token_id, bi_data=bi_data)
         self.collator = PLMCollator(self.sampling, seed=seed)
         self.num_streams = num_streams
-        self.steps_per_epoch = len(self.dataset) // num_streams
+        self.steps_per_epoch = self.layout.num_steps if max_steps is None else min(self.layout.num_steps, max_steps)
         share = num_streams // num_processes
         order = bidirectional_row_order(num_streams, num_processes * chunks) if bi_data else range(num_streams)
         self.rows = list(order[process_index * share : (process_index + 1) * share])
@@ -85,8 +82,8 @@ class PLMStreams:
         self.collator.set_epoch(epoch)
 
     def batch(self, index: int) -> dict:
-        first = index * self.num_streams
-        return self.collator([self.dataset[first + i] for i in self.rows])
+        first = index * self.num_streams  # example ids are step-major, as in `build_plm_dataset`
+        return self.collator([{**self.layout.sample(row, index), "example_id": first + row} for row in self.rows])
 
     def __iter__(self):
         for index in range(self.steps_per_epoch):
