@@ -275,8 +275,9 @@ class EvalStreams:
         pairs = np.array(list(self.rows))[:, None] * self.row_len + columns  # [B/W, L] index of each pair
         valid = (columns < self.row_len) & (pairs < self.num_targets)
         safe = np.where(valid, pairs, 0)
-        inputs = np.where(valid, self.tokens[safe], self.pad_token_id).astype(np.int64)
-        labels = np.where(valid, self.tokens[safe + 1], IGNORE_INDEX).astype(np.int64)
+        # int64 before `where`: with uint16 ids (a token cache) -100 would otherwise wrap to 65436
+        inputs = np.where(valid, self.tokens[safe].astype(np.int64), self.pad_token_id)
+        labels = np.where(valid, self.tokens[safe + 1].astype(np.int64), IGNORE_INDEX)
         return {"input_ids": torch.from_numpy(inputs), "next_token_labels": torch.from_numpy(labels)}
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
