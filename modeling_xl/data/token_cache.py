@@ -115,8 +115,9 @@ def _fsync(path: Path) -> None:
 
 def get_or_build(cache_dir: str | Path, identity: dict, build) -> TokenCache:
     """The entry for `identity`, built by `build(folder)` when absent. `build` writes `<split>.bin` files and
-    `tokenizer/` into `folder` and returns (splits {split: token count}, dtype); this function writes meta.json and
-    the marker, and publishes the folder atomically. Safe against concurrent runs and kills (module docstring)."""
+    `tokenizer/` into `folder` and returns (splits {split: token count}, dtype, facts about the build for meta.json);
+    this function writes meta.json and the marker, and publishes the folder atomically. Safe against concurrent
+    runs and kills (module docstring)."""
     cache_dir = Path(cache_dir).expanduser()
     final = cache_dir / cache_key(identity)
     cache = open_cache(final)
@@ -132,8 +133,9 @@ def get_or_build(cache_dir: str | Path, identity: dict, build) -> TokenCache:
                 logger.info("token cache: removing the incomplete %s", stale)
                 shutil.rmtree(stale)
         partial.mkdir(parents=True)
-        splits, dtype = build(partial)
-        meta = {"version": CACHE_VERSION, "dtype": np.dtype(dtype).name, "splits": splits, "identity": identity}
+        splits, dtype, facts = build(partial)
+        meta = {"version": CACHE_VERSION, "dtype": np.dtype(dtype).name, "splits": splits, "identity": identity,
+                "build": facts}
         (partial / META).write_text(json.dumps(meta, indent=2, default=str))
         for file in sorted(partial.rglob("*")):
             if file.is_file():

@@ -1,0 +1,221 @@
+#!/usr/bin/env python
+"""Scale benchmark: pretraining from a token cache on generated corpora of growing size, 2 processes.
+
+    python benchmarks/bench_scale.py --sizes_gb 0.1 0.5 1 5 --work_dir /data/bench-scale
+
+Per size (corpus from `benchmarks/make_corpus.py`, made once and kept in work_dir):
+- cache build: `--token_cache_dir` entry built by one process (its meta.json records the phases): corpus load
+  (datasets' Arrow conversion), word counts for the tokenizer, tokenization (tokens/s over `--num_proc` processes);
+- SIGKILL during the build (once part files exist), then a rerun: the rebuilt train.bin must equal the clean one;
+- training with 2 processes (`accelerate launch --multi_gpu --num_processes 2`, CPU/gloo unless a GPU is present) on
+  the existing cache: time from launch to the first training step, peak RSS (VmHWM) and peak anonymous RSS per
+  process (sampled every 0.1 s);
+- SIGKILL of the training (process group) after its first checkpoint, then `--resume_from_checkpoint latest`: the
+  losses after the checkpoint must equal the uninterrupted run's, step for step;
+- the in-memory path (no cache) for sizes <= --baseline_max_gb: peak RSS per process, for comparison.
+Prints a table and writes `bench_scale.json` into work_dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks.common import machine_description, print_table  # noqa: E402
+
+ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
+BUILD = """
+import sys
+from modeling_xl.training import parse_args
+from modeling_xl.training.cached_corpus import cached_tokens
+cached_tokens(parse_args(sys.argv[1:]))
+"""
+
+
+def data_args(corpus: Path, cache: Path | None, num_proc: int) -> list[str]:
+    args = ["--train_file", str(corpus / "train.txt"), "--validation_file", str(corpus / "valid.txt"),
+            "--tokenizer_vocab_size", "8000", "--preprocessing_num_workers", str(num_proc)]
+    return args + (["--token_cache_dir", str(cache)] if cache is not None else [])
+
+
+def environment(work: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_CACHE": str(work / "hf-datasets"),
+            "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_USE_CPU": os.environ.get("ACCELERATE_USE_CPU", "1"),
+            "OMP_NUM_THREADS": "1"}
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(16 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def entry_of(cache: Path) -> Path:
+    return next(p for p in cache.iterdir() if p.is_dir() and not p.name.endswith(".partial"))
+
+
+def build_cache(corpus: Path, cache: Path, work: Path, num_proc: int) -> dict:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", BUILD, *data_args(corpus, cache, num_proc), "--disable_tqdm"],
+                   env=environment(work), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    meta = json.loads((entry_of(cache) / "meta.json").read_text())
+    return {"wall_seconds": time.perf_counter() - started, **meta["build"], "tokens": meta["splits"]}
+
+
+def killed_build(corpus: Path, cache: Path, work: Path, num_proc: int, clean_hash: str) -> dict:
+    """SIGKILL once part files exist (tokenization under way), then rerun; the new train.bin must equal the clean."""
+    shutil.rmtree(cache, ignore_errors=True)
+    process = subprocess.Popen([sys.executable, "-c", BUILD, *data_args(corpus, cache, num_proc), "--disable_tqdm"],
+                               env=environment(work), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    while process.poll() is None and len(list(cache.glob("*.partial/train.bin.part*"))) < 2:
+        time.sleep(0.05)
+    killed = process.poll() is None
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    left = sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+    build_cache(corpus, cache, work, num_proc)
+    rebuilt = sha256(entry_of(cache) / "train.bin")
+    return {"killed_during_build": killed, "left_after_kill": left, "rebuilt_equals_clean": rebuilt == clean_hash}
+
+
+def train_command(corpus: Path, cache: Path | None, out: Path, steps: int, resume: bool, num_proc: int) -> list[str]:
+    return [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+            "no", "--dynamo_backend", "no", str(REPO / "scripts" / "pretrain.py"), *data_args(corpus, cache, num_proc),
+            "--preset", "debug", "--train_batch_size", "8", "--tgt_len", "32", "--mem_len", "32", "--eval_tgt_len",
+            "32", "--max_train_steps", str(steps), "--eval_steps", str(steps), "--max_eval_segments", "2",
+            "--checkpointing_steps", str(steps // 3), "--output_dir", str(out), "--disable_tqdm", "--seed", "3",
+            *(["--resume_from_checkpoint", "latest"] if resume else ["--overwrite_output_dir"])]
+
+
+def losses(out: Path) -> dict[int, float]:
+    log = out / "train_log.jsonl"
+    if not log.is_file():
+        return {}
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def workers(process: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [c for c in process.children(recursive=True) if "pretrain.py" in " ".join(c.cmdline())]
+    except psutil.Error:
+        return []
+
+
+def status_kib(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def train(command: list[str], out: Path, work: Path, kill_after_step: int | None = None) -> dict:
+    """Run (or kill after `kill_after_step` is logged and a checkpoint exists); sample memory; time the first step."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=environment(work), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True, text=True)
+    launcher, first_step, peaks = psutil.Process(process.pid), None, {}
+    while process.poll() is None:
+        for worker in workers(launcher):
+            hwm, anon = status_kib(worker.pid, "VmHWM"), status_kib(worker.pid, "RssAnon")
+            old = peaks.get(worker.pid, (0, 0))
+            peaks[worker.pid] = (max(old[0], hwm), max(old[1], anon))
+        seen = losses(out)
+        if first_step is None and seen:
+            first_step = time.perf_counter() - started
+        if kill_after_step is not None and max(seen, default=0) >= kill_after_step and list(out.glob("checkpoints/*")):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            break
+        time.sleep(0.1)
+    error = process.stderr.read() if process.returncode not in (0, -signal.SIGKILL) else ""
+    if error:
+        raise RuntimeError(f"training failed ({process.returncode}): {error[-3000:]}")
+    return {"seconds_to_first_step": first_step, "wall_seconds": time.perf_counter() - started,
+            "peak_rss_mb": [round(h / 1024) for h, _ in peaks.values()],
+            "peak_anon_rss_mb": [round(a / 1024) for _, a in peaks.values()]}
+
+
+def bench_size(size: float, work: Path, args) -> dict:
+    corpus = work / f"corpus-{size:g}gb"
+    if not (corpus / "valid.txt").is_file():
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_corpus.py"), "--size_gb", str(size),
+                        "--output_dir", str(corpus), "--valid_fraction", "0.0005"], check=True)
+    cache = work / f"cache-{size:g}gb"
+    shutil.rmtree(cache, ignore_errors=True)
+    result = {"size_gb": size, "bytes": (corpus / "train.txt").stat().st_size,
+              "build": build_cache(corpus, cache, work, args.num_proc)}
+    clean_hash = sha256(entry_of(cache) / "train.bin")
+    steps = args.steps
+    run = train(train_command(corpus, cache, work / "run-a", steps, False, args.num_proc), work / "run-a", work)
+    result["train"] = run
+    if size <= args.kill_test_max_gb:
+        result["killed_build"] = killed_build(corpus, work / f"cache-killed-{size:g}gb", work, args.num_proc,
+                                              clean_hash)
+        shutil.rmtree(work / f"cache-killed-{size:g}gb", ignore_errors=True)
+        checkpoint = steps // 3
+        train(train_command(corpus, cache, work / "run-b", steps, False, args.num_proc), work / "run-b", work,
+              kill_after_step=checkpoint + 2)
+        killed_at = max(losses(work / "run-b"), default=0)
+        train(train_command(corpus, cache, work / "run-b", steps, True, args.num_proc), work / "run-b", work)
+        a, b = losses(work / "run-a"), losses(work / "run-b")
+        result["killed_training"] = {"killed_after_step": killed_at, "steps_compared": len(a),
+                                     "identical_losses": a == b and len(a) == steps}
+    if size <= args.baseline_max_gb:
+        result["in_memory_train"] = train(train_command(corpus, None, work / "run-c", steps, False, args.num_proc),
+                                          work / "run-c", work)
+    shutil.rmtree(cache, ignore_errors=True)
+    return result
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes_gb", type=float, nargs="+", default=[0.5, 1.0, 5.0])
+    parser.add_argument("--work_dir", required=True, help="corpora, caches and runs (several times the largest size)")
+    parser.add_argument("--num_proc", type=int, default=os.cpu_count() or 1, help="tokenization processes")
+    parser.add_argument("--steps", type=int, default=30, help="training steps per run (checkpoint every steps/3)")
+    parser.add_argument("--kill_test_max_gb", type=float, default=1.0, help="kill tests only up to this size")
+    parser.add_argument("--baseline_max_gb", type=float, default=0.1, help="in-memory runs only up to this size")
+    args = parser.parse_args(argv)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    for size in args.sizes_gb:
+        results.append(bench_size(size, work, args))
+        print(json.dumps(results[-1]), flush=True)
+    rows = []
+    for r in results:
+        build, run = r["build"], r["train"]
+        rows.append([f"{r['size_gb']:g} GB", f"{sum(build['tokens'].values()) / 1e6:.0f}M",
+                     f"{build['tokens_per_second'] / 1e6:.2f}M", f"{build['wall_seconds']:.0f}",
+                     f"{run['seconds_to_first_step']:.1f}", "/".join(map(str, run["peak_rss_mb"])),
+                     "/".join(map(str, run["peak_anon_rss_mb"])),
+                     "/".join(map(str, r.get("in_memory_train", {}).get("peak_rss_mb", []))) or "-",
+                     str(r.get("killed_build", {}).get("rebuilt_equals_clean", "-")),
+                     str(r.get("killed_training", {}).get("identical_losses", "-"))])
+    print(print_table(["corpus", "tokens", "tokenize/s", "build s", "first step s", "peak RSS MB", "anon MB",
+                       "in-memory RSS MB", "kill build ok", "kill train ok"], rows))
+    (work / "bench_scale.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args),
+                                                       "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
