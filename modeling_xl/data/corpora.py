@@ -135,10 +135,19 @@ def check_corpus(corpus: datasets.DatasetDict, text_column: str, name: str) -> N
             raise ValueError(f"corpus {name!r} split {split!r} has columns {data.column_names}; expected a text "
                              f"column {text_column!r} (pass text_column=...)")
     train = corpus["train"]
-    lengths = pc.utf8_length(pc.utf8_trim_whitespace(pc.fill_null(train.data.column(text_column), "")))
-    if train.num_rows == 0 or (pc.max(lengths).as_py() or 0) == 0:
+    if train.num_rows == 0 or not any(_has_text(chunk) for chunk in train.data.column(text_column).chunks):
         raise ValueError(f"corpus {name!r} has an empty training split ({train.num_rows} rows, no text); expected "
                          f"at least one non-empty line")
+
+
+def _has_text(chunk, rows: int = 100_000) -> bool:
+    """Whether a column chunk has a non-blank line, read `rows` at a time (a corpus larger than memory is never
+    copied whole) and stopping at the first one."""
+    for start in range(0, len(chunk), rows):
+        part = pc.fill_null(chunk.slice(start, rows), "")
+        if (pc.max(pc.utf8_length(pc.utf8_trim_whitespace(part))).as_py() or 0) > 0:
+            return True
+    return False
 
 
 # ---- built-in offline corpus -----------------------------------------------------------------------------------

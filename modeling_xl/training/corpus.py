@@ -18,6 +18,7 @@ from accelerate import PartialState
 from .data import PretrainData, data_from_tokens
 
 logger = logging.getLogger(__name__)
+COUNT_BATCH = 100_000  # lines counted at a time when training a word-level vocabulary
 VALIDATION_FRACTION = 0.05  # held out from the end of the training rows when the corpus has no validation split
 
 
@@ -124,9 +125,13 @@ def word_level_tokenizer_of_size(texts, vocab_size: int):
     is appended after the words. Example, vocab_size 4: "a a a b b <unk> c" -> [<eos>, a, b, <unk>] (<unk> is a word
     of the corpus); "a a b c" -> [<eos>, a, b, <unk>] (c makes room for the appended <unk>).
     """
-    from tokenization.word_level import count_words
+    from tokenization.word_level import WordCounter
 
-    return word_level_tokenizer_from_counts(*count_words(texts), vocab_size)
+    counter = WordCounter()  # batch by batch: a corpus column larger than memory is never copied whole
+    for chunk in (texts.chunks if hasattr(texts, "chunks") else [texts]):
+        for start in range(0, len(chunk), COUNT_BATCH):
+            counter.update(chunk[start : start + COUNT_BATCH])
+    return word_level_tokenizer_from_counts(*counter.result(), vocab_size)
 
 
 def word_level_tokenizer_from_counts(words, counts, vocab_size: int):
