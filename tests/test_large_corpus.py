@@ -256,3 +256,23 @@ def test_lazy_plm_rows_equal_the_eager_layout(tmp_path, monkeypatch, eos, bi_dat
     assert len(samples) == len(eager["input_ids"])
     for key in eager:
         assert np.array_equal(np.stack([np.asarray(s[key]) for s in samples]), eager[key]), key
+
+
+# ---- through the training loop ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("objective", ["clm", "plm"])
+def test_run_from_cache_has_the_in_memory_run_losses(corpus, tmp_path, objective):
+    from modeling_xl.training import run_pretraining
+    from modeling_xl.training.feedback import read_log
+
+    def run(name, *extra):
+        args = ["--preset", "debug", "--train_file", str(corpus[0]), "--validation_file", str(corpus[1]),
+                "--tokenizer_vocab_size", "120", "--objective", objective, "--tgt_len", "16", "--mem_len", "8",
+                "--max_train_steps", "4", "--eval_steps", "4", "--max_eval_segments", "2", "--disable_tqdm",
+                "--output_dir", str(tmp_path / name), *extra]
+        results = run_pretraining(parse_args(args))
+        return [r["loss"] for r in read_log(tmp_path / name / "train_log.jsonl") if "loss" in r], results
+
+    cached = run("cached", "--token_cache_dir", str(tmp_path / "cache"))
+    assert run("memory") == cached

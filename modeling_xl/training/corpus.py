@@ -18,7 +18,7 @@ from accelerate import PartialState
 from .data import PretrainData, data_from_tokens
 
 logger = logging.getLogger(__name__)
-COUNT_BATCH = 100_000  # lines counted at a time when training a word-level vocabulary
+COUNT_BATCH = 500_000  # lines counted at a time when training a word-level vocabulary
 VALIDATION_FRACTION = 0.05  # held out from the end of the training rows when the corpus has no validation split
 
 
