@@ -18,6 +18,7 @@ from modeling_xl.two_stream_attention import (
     segment_mismatch,
     segment_scores,
 )
+from modeling_xl.xlnet_conversion import from_xlnet
 
 V = 50
 
@@ -93,7 +94,7 @@ def xlnet_pair(**xlnet_kwargs):
                          reuse_len=4, clamp_len=5, dropout=0.0, use_mems_eval=True, initializer_range=0.3,
                          **xlnet_kwargs)
     reference = XLNetLMHeadModel(config).eval()
-    return reference, TransformerXLForPermutationLM.from_xlnet(reference)
+    return reference, from_xlnet(TransformerXLForPermutationLM, reference)
 
 
 @pytest.mark.parametrize("bi_data", [False, True])
