@@ -55,7 +55,8 @@ def plm_steps(impl: str, n_steps: int):
 
     torch.manual_seed(1234)
     xlnet = XLNetLMHeadModel(XLNetConfig(**XLNET)).train()
-    sides = {"ours": (from_xlnet(TransformerXLForPermutationLM, xlnet).train(), step_ours), "xlnet": (xlnet, step_xlnet)}
+    ours = from_xlnet(TransformerXLForPermutationLM, xlnet).train()
+    sides = {"ours": (ours, step_ours), "xlnet": (xlnet, step_xlnet)}
     batches = plm_batches(n_steps + 2, XLNET["vocab_size"])
     states = {name: {"i": 0, "opt": torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)}
               for name, (model, _) in sides.items()}

@@ -61,8 +61,8 @@ __all__ = [
 
 
 def __getattr__(name):
-    """`modeling_xl.RECIPES`, the training recipes, live in `modeling_xl.training.recipes` (saved model folders carry the
-    configuration file, and the recipes are read only by training); imported on first use."""
+    """`modeling_xl.RECIPES`: the training recipes live in `modeling_xl.training.recipes` (they are read only by
+    training; saved model folders carry the configuration file, not them), imported on first use."""
     if name == "RECIPES":
         from .training.recipes import RECIPES
 

@@ -170,3 +170,45 @@ def test_no_import_cycle(package):
     assert any(name.startswith(package) for name in graph)
     cycles = [c for c in find_cycles(graph) if c[0].split(".")[0] == package]
     assert not cycles, "import cycles (each module imports the next):\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _saved_folder(tmp_path, kind: str) -> Path:
+    from modeling_xl import (TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM,
+                             TransformerXLForSequenceClassification)
+
+    uni = TransformerXLConfig.from_preset("debug")
+    bi = TransformerXLConfig.from_preset("debug", adaptive=False, cutoffs=[], tie_projs=[False], attn_type="bi")
+    model = {"causal_lm": lambda: TransformerXLForCausalLM(uni),
+             "permutation_lm": lambda: TransformerXLForPermutationLM(bi),
+             "classifier": lambda: TransformerXLForSequenceClassification(uni),
+             "bidirectional_classifier": lambda: TransformerXLForSequenceClassification(bi)}[kind]()
+    model.save_pretrained(tmp_path / kind)
+    return tmp_path / kind
+
+
+@pytest.mark.parametrize("kind", ["causal_lm", "permutation_lm", "classifier", "bidirectional_classifier"])
+def test_saved_folder_code_is_self_contained(tmp_path, kind):
+    """Every module a saved folder's auto_map names is in it, and so is every module those import (anywhere in their
+    text): trust_remote_code loads the folder where this package cannot be imported."""
+    import json
+
+    folder = _saved_folder(tmp_path, kind)
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    files = {path.stem: path for path in folder.glob("*.py")}
+    named = {reference.split(".")[0] for reference in auto_map.values()}
+    assert named <= set(files), f"auto_map names {sorted(named - set(files))}, absent from {sorted(files)}"
+    graph = {name: set() for name in files}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.level == 1 and node.module, f"{path.name}: `from {'.' * node.level}{node.module or ''} " \
+                    "import` reaches outside the folder (transformers copies single-dot module imports only)"
+                graph[name].add(node.module)
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
+            outside = [m for m in modules if m.split(".")[0] in PACKAGES]
+            assert not outside, f"{path.name} imports {outside}, which a remote-code process cannot import"
+    missing = {name: sorted(imported - set(files)) for name, imported in graph.items() if imported - set(files)}
+    assert not missing, f"saved folder {kind} lacks the modules its code imports: {missing}"
+    assert not find_cycles(graph)
