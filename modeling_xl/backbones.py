@@ -7,6 +7,8 @@ Used by the sequence classifier (its `transformer`) and by `AutoModel` (`Transfo
 
 from __future__ import annotations
 
+import os
+
 from .configuration_transformer_xl import TransformerXLConfig
 from .modeling_permutation_lm import TransformerXLPermutationModel
 from .modeling_transformer_xl import TransformerXLModel
@@ -37,10 +39,10 @@ class TransformerXLAnyBackbone:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        config = kwargs.get("config")  # AutoModel passes the config it loaded
+        config = kwargs.get("config")  # AutoModel passes the config it loaded; a user may pass a path or nothing
         if not isinstance(config, TransformerXLConfig):
-            config = TransformerXLConfig.from_pretrained(config or pretrained_model_name_or_path,
-                                                         **{k: kwargs[k] for k in HUB_KWARGS if k in kwargs})
+            source = config if isinstance(config, (str, os.PathLike)) else pretrained_model_name_or_path
+            config = TransformerXLConfig.from_pretrained(source, **{k: kwargs[k] for k in HUB_KWARGS if k in kwargs})
         return backbone_class(config).from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     @classmethod

@@ -513,6 +513,8 @@ def test_auto_model_loads_the_bidirectional_backbone(head, tmp_path):
     assert type(AutoModel.from_config(model.config)) is TransformerXLPermutationModel
     with pytest.raises(ValueError, match="attn_type='bi'"):
         TransformerXLModel(model.config)
+    with pytest.raises(ValueError, match="attn_type='bi'"):  # AutoModel chooses the backbone (backbones.py)
+        TransformerXLModel.from_pretrained(tmp_path / "ckpt")
     if head == "classifier":  # remote code in a fresh process
         torch.save(x, tmp_path / "x.pt")
         (tmp_path / "load.py").write_text(BACKBONE_FROM_FOLDER)
