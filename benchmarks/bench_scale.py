@@ -227,7 +227,8 @@ def main(argv=None) -> None:
         build, run = r["build"], r["train"]
         rows.append([f"{r['size_gb']:g} GB", f"{sum(build['tokens'].values()) / 1e6:.0f}M",
                      f"{build['tokens_per_second'] / 1e6:.2f}M", f"{build['wall_seconds']:.0f}",
-                     f"{run['seconds_to_first_step']:.1f} ({run['startup_floor_seconds']:.1f})", "/".join(map(str, run["peak_rss_mb"])),
+                     f"{run['seconds_to_first_step']:.1f} ({run['startup_floor_seconds']:.1f})",
+                     "/".join(map(str, run["peak_rss_mb"])),
                      "/".join(map(str, run["peak_anon_rss_mb"])),
                      "/".join(map(str, r.get("in_memory_train", {}).get("peak_rss_mb", []))) or "-",
                      str(r.get("killed_build", {}).get("rebuilt_equals_clean", "-")),

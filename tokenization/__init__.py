@@ -16,7 +16,8 @@ from .vocab_import import read_legacy_vocab_pkl, read_vocab_list, tokenizer_from
 from .word_level import WordCounter, build_vocab, count_words, train_word_level_tokenizer, word_level_tokenizer
 
 __all__ = [
-    "XLNET_SPECIAL_TOKENS", "WordCounter", "WordLevelPlan", "build_vocab", "byte_level_tokenizer", "char_level_tokenizer",
+    "XLNET_SPECIAL_TOKENS", "WordCounter", "WordLevelPlan",
+    "build_vocab", "byte_level_tokenizer", "char_level_tokenizer",
     "check_vocab_matches", "count_words", "encode_lines", "read_legacy_vocab_pkl", "read_vocab_list",
     "tokenizer_from_vocab", "train_char_level_tokenizer", "train_unigram_tokenizer", "train_word_level_tokenizer",
     "word_level_tokenizer",
