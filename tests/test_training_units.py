@@ -434,7 +434,7 @@ def test_plm_bi_data_gives_every_process_and_chunk_forward_rows_then_their_backw
     for process in range(2):
         data = plm_data_from_tokens(_WordTokenizer(), train_ids, valid_ids, args, num_streams=8, num_processes=2,
                                     process_index=process)
-        samples = [data.train.dataset[8 + i] for i in data.train.rows]  # step 1 of this process's rows
+        samples = [data.train.layout.sample(i, 1) for i in data.train.rows]  # step 1 of this process's rows
         for chunk in chunk_slices(len(samples), 2):
             part = samples[chunk]
             assert [int(s["reverse"]) for s in part] == [0, 1]
