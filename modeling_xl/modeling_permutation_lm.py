@@ -166,7 +166,7 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
             pos = relative_positions(klen + 1, clamp_len=self.config.clamp_len)
         pos = pos.to(device)
         tables = torch.stack([pos, -pos]) if self.config.bi_data else pos[None]
-        return sinusoid_table(tables.flatten(), self.config.d_model).view(len(tables), len(pos), -1).to(dtype)
+        return sinusoid_table(tables.flatten(), self.config.d_model, dtype).view(len(tables), len(pos), -1)
 
     def streams(self, perm_mask, attention_mask, token_type_ids, target_mapping, batch, qlen, mlen, device):
         """The content `Stream` and, with `target_mapping`, the query `Stream` at the targets' positions."""
