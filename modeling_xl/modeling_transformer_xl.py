@@ -1,7 +1,19 @@
 """Transformer-XL backbone and causal-LM head (Dai et al. 2019) for transformers 5.
 
-Layout: batch-first. Memory (`mems`) is a tuple with one tensor [B, M, d_model] per layer: the *input* of that layer
-on the previous segment(s). It is passed in and returned, never kept inside the model.
+Notation (batch-first everywhere): B batch, T segment length, M memory length, K = M + T keys, d d_model,
+H heads, D d_head, V vocabulary.
+
+One layer n (the summary equations at the end of Sec. 3.3), with SG the stop-gradient:
+    h~ = [SG(mem^{n-1}); h^{n-1}]                       memory and segment, [B, K, d]
+    q, k, v = h^{n-1} W_q, h~ W_k, h~ W_v               queries from the segment only
+    A = (q + u) k^T + rel_shift((q + v) (W_R R)^T)      `relative_attention.relative_attention`
+    a = LayerNorm(h^{n-1} + softmax(A / sqrt(D), causal mask) v W_o)
+    h^n = LayerNorm(a + FF(a))                          (pre-LN: the LayerNorms move in front of each sublayer)
+Why a memory: each segment attends to the previous segments' states without backpropagating into them, so the
+context grows with depth and evaluation reuses states instead of recomputing them (Sec. 3.2).
+Memory (`mems`) is a tuple with one tensor [B, M, d] per layer: the *input* of that layer on the previous segment(s),
+`update_memory`: cat(mem, h)[-mem_len:], detached. It is passed in and returned, never kept inside the model.
+The output is the adaptive softmax (`adaptive_softmax`, Grave et al. 2017) tied to the adaptive input.
 """
 
 from __future__ import annotations
