@@ -301,8 +301,8 @@ class FusedRelativeAttention(torch.autograd.Function):
     Same result as `relative_attention.relative_attention` (tested against it). Saved for backward: q + u, the keys,
     values, position vectors, the dropout keep-mask and the output, not the probabilities [B, H, T, K], the largest
     activation of a layer: backward recomputes them (two of the eleven attention products of a training step, and a
-    softmax). Forward and backward work on blocks of (batch row, head) pairs (`score_blocks`), so the score-sized scratch space
-    is bounded by `SCORE_BLOCK_BYTES` per tensor.
+    softmax). Forward and backward work on blocks of (batch row, head) pairs (`score_blocks`), so the score-sized
+    scratch space is bounded by `SCORE_BLOCK_BYTES` per tensor.
     Backward (the standard softmax-attention gradient) gives dS; the content part gives d(q + u) = dS k,
     dk = dS^T (q + u); the position part is dS shifted back into the table (the inverse of `rel_shift`: every visible
     entry has one source) giving d(q + v) and dr; dq is their sum, du and dv their sums over batch and positions.
