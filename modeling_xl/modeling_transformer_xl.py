@@ -495,13 +495,16 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         use_cache: bool | None = None,
         attention_mask: torch.Tensor | None = None,
+        argmax_only: bool = False,
         **kwargs,
     ) -> TransformerXLCausalLMOutput | tuple:
         """`labels` [B, T] are shifted inside (position t predicts labels[:, t+1]); `next_token_labels` [B, T] are
         already aligned (position t predicts next_token_labels[:, t]; at a segment's last position that is the first
         token of the next segment). -100 is ignored. Without labels, `logits` holds log-probabilities of the last
         `logits_to_keep` positions (0: all). `attention_mask` (1 = real token, 0 = padding) [B, T] or [B, M+T] hides
-        padding keys, `use_cache`: see `TransformerXLModel.forward`."""
+        padding keys, `use_cache`: see `TransformerXLModel.forward`. `argmax_only` (set by greedy `generate`): the
+        log-probabilities are exact where a row's most likely token can be and -inf in the tail clusters that cannot
+        hold it (`AdaptiveLogSoftmax.argmax_log_probs`), so that their logits are not computed."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if labels is not None and next_token_labels is not None:
             raise ValueError("expected at most one of labels and next_token_labels, got both")
@@ -526,7 +529,8 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
             loss = losses.sum() / valid.sum().clamp(min=1)
         else:
             kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-            logits = self.lm_head(kept.reshape(-1, kept.size(-1))).view(batch, kept.size(1), -1)
+            head = self.lm_head.argmax_log_probs if argmax_only else self.lm_head
+            logits = head(kept.reshape(-1, kept.size(-1))).view(batch, kept.size(1), -1)
         out = TransformerXLCausalLMOutput(loss=loss, losses=losses, logits=logits, mems=outputs.mems,
                                           hidden_states=outputs.hidden_states, attentions=outputs.attentions)
         return out if return_dict else out.to_tuple()
@@ -573,10 +577,22 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
                 ones = attention_mask.new_ones(attention_mask.size(0), missing)
                 attention_mask = torch.cat([ones, attention_mask], 1)
             inputs["attention_mask"] = attention_mask[:, -(mlen + input_ids.size(1)):]
-        for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache"):
+        for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache", "argmax_only"):
             if kwargs.get(name) is not None:
                 inputs[name] = kwargs[name]
         return inputs
+
+    def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **model_kwargs):
+        """transformers' greedy/sampling loop; greedy decoding whose scores nothing else reads asks the forward for
+        `argmax_only` log-probabilities (tail clusters that cannot hold the best token are not computed), which
+        give the same tokens. Not with sampling, logits processors (they may lower the best token: repetition
+        penalty, bad words, ...), nor when scores or logits are returned."""
+        scores_returned = generation_config.return_dict_in_generate and (
+            generation_config.output_scores or generation_config.output_logits)
+        if not generation_config.do_sample and not logits_processor and not scores_returned:
+            model_kwargs["argmax_only"] = True
+        return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                               **model_kwargs)
 
     def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None,
                                       **model_kwargs):
