@@ -38,6 +38,7 @@ from .adaptive_softmax import (
 from .auto_map import auto_map_for, complete_auto_map
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout, relu_dropout
+from .inference_cache import ProjectionCache
 from .inference_cache import enabled as cache_enabled
 from .layer_norm import LayerNorm
 from .relative_attention import RelativeMultiHeadAttention, causal_mask, relative_positions, sinusoid_table
@@ -312,7 +313,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             self.r_w_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
             self.r_r_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
         self.layers = nn.ModuleList(TransformerXLLayer(config) for _ in range(config.n_layer))
-        self._position_table = None  # (key, table): see position_embeddings
+        self._position_table = None  # (key, table, (klen, slice)): see position_embeddings
+        self._table_projections = [ProjectionCache() for _ in range(config.n_layer)]  # see offer_position_projections
         self.post_init()
 
     def get_input_embeddings(self):
@@ -324,21 +326,53 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
     def clear_inference_cache(self) -> None:
         """Drop what the layers keep for evaluation without gradients (see `forward`'s `use_cache`)."""
         self._position_table = None
+        for cache in self._table_projections:
+            cache.clear()
         for layer in self.layers:
             layer.attn.memory_cache.clear()
             layer.attn.position_cache.clear()
 
     def position_embeddings(self, klen: int, dtype: torch.dtype, device, use_cache: bool = False) -> torch.Tensor:
         """Sinusoid vectors of distances klen-1..0 (clamped), [K, d_model]. With `use_cache` the same table object is
-        returned for the same length, so that the layers can reuse their projections of it (inference_cache)."""
-        key = (klen, dtype, torch.device(device), self.config.clamp_len, self.config.d_model)
-        if use_cache and self._position_table is not None and self._position_table[0] == key:
-            return self._position_table[1]
-        pos = relative_positions(klen, clamp_len=self.config.clamp_len).to(device)
-        table = sinusoid_table(pos, self.config.d_model, dtype)  # float64 model: float64 table
-        if use_cache:
-            self._position_table = (key, table)
+        returned for the same length, so that the layers can reuse their projections of it (inference_cache): the
+        last `klen` rows of one table of at least `mem_len + 1` rows (the length a one-token step reaches once the
+        memory is full), so that generation, whose key length grows by one per step until then, reads its table
+        from one place (`offer_position_projections`)."""
+        key = (dtype, torch.device(device), self.config.clamp_len, self.config.d_model)
+        kept = self._position_table if use_cache else None
+        if kept is None or kept[0] != key or kept[1].size(0) < klen:
+            length = max(klen, self.config.mem_len + 1) if use_cache else klen
+            pos = relative_positions(length, clamp_len=self.config.clamp_len).to(device)
+            kept = (key, sinusoid_table(pos, self.config.d_model, dtype), None)  # float64 model: float64 table
+            if not use_cache:
+                return kept[1]
+        full = kept[1]
+        if klen == full.size(0):
+            table = full
+        elif kept[2] is not None and kept[2][0] == klen:
+            table = kept[2][1]
+        else:  # distances klen-1..0 are the table's last rows (clamping is per distance)
+            table = full[-klen:]
+        self._position_table = (key, full, (klen, table))
         return table
+
+    def offer_position_projections(self, pos_emb: torch.Tensor) -> None:
+        """Without gradients, when `pos_emb` is a part of the kept position table (generation before the memory is
+        full): hand each layer's position cache its projection W_R R as the matching rows of the projection of the
+        whole table, computed once per layer and weights (kept in `_table_projections`), instead of letting every
+        step project its own K rows again (K x d_model x d_model per layer and step: at batch 1 ten times the rest
+        of a layer's products at the d_model 256, mem_len 128 benchmark shape). Rows of a product equal the product
+        of the rows up to float rounding, as for the memory's keys and values (`inference_cache`)."""
+        full = self._position_table[1] if self._position_table is not None else None
+        if full is None or pos_emb is full or pos_emb.data_ptr() + pos_emb.nbytes != full.data_ptr() + full.nbytes:
+            return
+        for layer, cache in zip(self.layers, self._table_projections):
+            weights = (layer.attn.r_net.weight,)
+            projected = cache.get(full, weights)
+            if projected is None:
+                projected = layer.attn.project_positions(full)  # [H, R, D]
+                cache.put(full, projected, weights)
+            layer.attn.position_cache.put(pos_emb, projected[:, -pos_emb.size(0):], weights)
 
     def forward(
         self,
@@ -387,6 +421,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         if not cached and not torch.compiler.is_compiling():
             self.clear_inference_cache()  # use_cache=False or training: nothing evaluation kept stays alive
         pos_emb = self.drop(self.position_embeddings(mlen + qlen, h.dtype, h.device, use_cache=cached))
+        if cached:
+            self.offer_position_projections(pos_emb)
         h = self.drop(h)
         shared_bias = (None, None) if cfg.untie_r else (self.r_w_bias, self.r_r_bias)
 
@@ -449,13 +485,16 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         use_cache: bool | None = None,
         attention_mask: torch.Tensor | None = None,
+        argmax_only: bool = False,
         **kwargs,
     ) -> TransformerXLCausalLMOutput | tuple:
         """`labels` [B, T] are shifted inside (position t predicts labels[:, t+1]); `next_token_labels` [B, T] are
         already aligned (position t predicts next_token_labels[:, t]; at a segment's last position that is the first
         token of the next segment). -100 is ignored. Without labels, `logits` holds log-probabilities of the last
         `logits_to_keep` positions (0: all). `attention_mask` (1 = real token, 0 = padding) [B, T] or [B, M+T] hides
-        padding keys, `use_cache`: see `TransformerXLModel.forward`."""
+        padding keys, `use_cache`: see `TransformerXLModel.forward`. `argmax_only` (set by greedy `generate`): the
+        log-probabilities are exact where a row's most likely token can be and -inf in the tail clusters that cannot
+        hold it (`AdaptiveLogSoftmax.argmax_log_probs`), so that their logits are not computed."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if labels is not None and next_token_labels is not None:
             raise ValueError("expected at most one of labels and next_token_labels, got both")
@@ -480,7 +519,8 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
             loss = losses.sum() / valid.sum().clamp(min=1)
         else:
             kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-            logits = self.lm_head(kept.reshape(-1, kept.size(-1))).view(batch, kept.size(1), -1)
+            head = self.lm_head.argmax_log_probs if argmax_only else self.lm_head
+            logits = head(kept.reshape(-1, kept.size(-1))).view(batch, kept.size(1), -1)
         out = TransformerXLCausalLMOutput(loss=loss, losses=losses, logits=logits, mems=outputs.mems,
                                           hidden_states=outputs.hidden_states, attentions=outputs.attentions)
         return out if return_dict else out.to_tuple()
@@ -527,10 +567,22 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
                 ones = attention_mask.new_ones(attention_mask.size(0), missing)
                 attention_mask = torch.cat([ones, attention_mask], 1)
             inputs["attention_mask"] = attention_mask[:, -(mlen + input_ids.size(1)):]
-        for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache"):
+        for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache", "argmax_only"):
             if kwargs.get(name) is not None:
                 inputs[name] = kwargs[name]
         return inputs
+
+    def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **model_kwargs):
+        """transformers' greedy/sampling loop; greedy decoding whose scores nothing else reads asks the forward for
+        `argmax_only` log-probabilities (tail clusters that cannot hold the best token are not computed), which
+        give the same tokens. Not with sampling, logits processors (they may lower the best token: repetition
+        penalty, bad words, ...), nor when scores or logits are returned."""
+        scores_returned = generation_config.return_dict_in_generate and (
+            generation_config.output_scores or generation_config.output_logits)
+        if not generation_config.do_sample and not logits_processor and not scores_returned:
+            model_kwargs["argmax_only"] = True
+        return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                               **model_kwargs)
 
     def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None,
                                       **model_kwargs):

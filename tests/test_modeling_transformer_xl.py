@@ -591,3 +591,30 @@ def test_float64_model_builds_its_position_table_in_float64():
     tables = plm.transformer.position_embeddings(7, 3, torch.float64, "cpu")
     want = sinusoid_table(relative_positions(7, 3, bidirectional=True), plm.config.d_model, torch.float64)
     assert torch.equal(tables[0], want)
+
+
+@pytest.mark.parametrize("cluster_bias", [-4.0, 0.0, 2.0])
+def test_greedy_generate_with_argmax_only_log_probs_equals_the_plain_path(cluster_bias):
+    """Greedy `generate` asks for `argmax_only` log-probs (tail clusters that cannot hold the best token are not
+    computed); the tokens equal the plain path's (taken when scores are returned) and the hand-written loop's, over
+    steps where the tails are skipped and steps where they are computed."""
+    model = spiced(model_for(mem_len=6, cutoffs=[20, 50]))
+    with torch.no_grad():
+        model.lm_head.cluster_bias.fill_(cluster_bias)
+    calls = []
+    fast = model.lm_head.argmax_log_probs
+    model.lm_head.argmax_log_probs = lambda hidden: calls.append(hidden.size(0)) or fast(hidden)
+    x = torch.randint(1, 97, (3, 5))
+    kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
+    gen = model.generate(x, **kwargs)
+    assert calls == [3] * 12
+    plain = model.generate(x, output_scores=True, return_dict_in_generate=True, **kwargs)
+    assert len(calls) == 12  # scores returned: the plain path, every logit computed
+    assert torch.equal(gen, plain.sequences)
+    assert torch.equal(gen, greedy_loop(model, x, 12))
+    assert all(torch.isfinite(s).all() for s in plain.scores)
+    penalized = model.generate(x, repetition_penalty=1.3, **kwargs)  # a logits processor: the plain path
+    assert len(calls) == 12 and penalized.shape == gen.shape
+    torch.manual_seed(0)
+    sampled = model.generate(x, **dict(kwargs, do_sample=True, top_k=10))
+    assert len(calls) == 12 and sampled.shape == gen.shape
