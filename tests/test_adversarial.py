@@ -166,6 +166,86 @@ def folder_named_config(tmp, finished):
     return out
 
 
+def load_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LEGACY = REPO / "tests" / "fixtures" / "legacy_transfo_xl" / "case_c"
+# a pickle that appends onto a string: data-only opcodes, but not a vocabulary
+CRAFTED_PKL = b"\x80\x04\x8c\x01x\x8c\x01ya."
+
+
+def earlier_conversion(tmp, finished):
+    """tmp/legacy (with a crafted vocab.pkl) and tmp/out holding an earlier conversion with its tokenizer and card."""
+    legacy = tmp / "legacy"
+    shutil.copytree(LEGACY, legacy)
+    load_script("convert_transfo_xl").convert(str(legacy), str(tmp / "out"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "README.md"):
+        (tmp / "out" / name).write_text(f"the earlier conversion's {name}\n")
+    (legacy / "vocab.pkl").write_bytes(CRAFTED_PKL)
+    return tmp
+
+
+def convert_over(tmp, watched):
+    return load_script("convert_transfo_xl").convert(str(tmp / "legacy"), str(tmp / "out"), overwrite=True)
+
+
+def yaml_file(text: bytes | str):
+    def setup(tmp, finished):
+        (tmp / "run.yaml").write_bytes(text.encode() if isinstance(text, str) else text)
+        return tmp
+    return setup
+
+
+def parse_yaml(tmp, watched):
+    return parse_args(["--config", str(tmp / "run.yaml"), "--output_dir", str(tmp / "out")])
+
+
+def evaluate(*argv):
+    def act(tmp, watched):
+        script = load_script("evaluate_lm")
+        return script.run(script.build_parser().parse_args([a.format(tmp=tmp, run=watched) for a in argv]))
+    return act
+
+
+def a_file_named_results(tmp, finished):
+    out = copy_run(tmp, finished)
+    (tmp / "results").write_text("a file\n")
+    return tmp
+
+
+def legacy_copy(drop: tuple[str, ...] = ()):
+    def setup(tmp, finished):
+        legacy = tmp / "legacy"
+        shutil.copytree(LEGACY, legacy)
+        config = json.loads((legacy / "config.json").read_text())
+        (legacy / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in drop}))
+        return legacy
+    return setup
+
+
+def load_legacy_config(tmp, legacy):
+    from modeling_xl import TransformerXLConfig
+
+    return TransformerXLConfig.from_pretrained(str(legacy))
+
+
+def crafted_vocab(tmp, finished):
+    (tmp / "vocab.pkl").write_bytes(CRAFTED_PKL)
+    return tmp
+
+
+def read_crafted_vocab(tmp, watched):
+    from tokenization import tokenizer_from_vocab
+
+    return tokenizer_from_vocab(tmp / "vocab.pkl")
+
+
 PREVIOUS = r"resume from the previous checkpoint instead: --resume_from_checkpoint \S*step_0000002"
 
 CASES = [
@@ -214,6 +294,26 @@ CASES = [
          r"memories_rank0\.safetensors is damaged.*" + PREVIOUS),
     Case("8-truncated-optimizer", truncate("optimizer.bin"), resume, r"optimizer\.bin is damaged.*" + PREVIOUS),
     Case("8-truncated-scheduler", truncate("scheduler.bin"), resume, r"scheduler\.bin is damaged.*" + PREVIOUS),
+    # 1: a failed conversion leaves the earlier one (weights, tokenizer, card) and no temporary folder
+    Case("1-conversion-with-a-crafted-vocab-pkl", earlier_conversion, convert_over,
+         r"vocab\.pkl is not a legacy Transformer-XL vocab\.pkl this safe parser can read"),
+    # 9: the --config file
+    Case("9-yaml-syntax-error", yaml_file("preset: tiny\nlearning_rate: [1e-3\n"), parse_yaml,
+         r"config=.*run\.yaml' is not valid YAML at line 3, column 1"),
+    Case("9-yaml-not-utf8", yaml_file(b"preset: tiny\nhub_model_id: caf\xe9\n"), parse_yaml,
+         r"config=.*run\.yaml' is not UTF-8 text \(byte 30, line 2: invalid continuation byte"),
+    Case("9-config-key-inside-the-yaml", yaml_file("preset: debug\nconfig: other.yaml\n"), parse_yaml,
+         r"has a 'config' key \('other\.yaml'\); expected the arguments themselves"),
+    # 10: evaluate_lm.py and legacy folders
+    Case("10-evaluate-output-dir-is-a-file", a_file_named_results,
+         evaluate("{tmp}/run", "--output_dir", "{tmp}/results"),
+         r"output_dir=.*results' is a file; expected a folder"),
+    Case("10-evaluate-a-legacy-folder", legacy_copy(), evaluate("{run}"),
+         r"is a legacy transformers-4\.x Transformer-XL folder.*scripts/convert_transfo_xl\.py"),
+    Case("10-legacy-config-without-d-model", legacy_copy(drop=("d_model",)), load_legacy_config,
+         r"legacy Transformer-XL config\.json has no d_model; expected every architecture field"),
+    Case("10-crafted-vocab-pkl", crafted_vocab, read_crafted_vocab,
+         r"vocab\.pkl is not a legacy Transformer-XL vocab\.pkl this safe parser can read \(.*'str' object"),
     # already handled before issue 20: kept here so that they stay handled
     Case("earlier-run-without-resume-or-overwrite", copy_run, fresh_run,
          r"already holds an earlier run \(checkpoints, train_log\.jsonl\)"),

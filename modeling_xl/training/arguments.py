@@ -155,10 +155,26 @@ def load_config_file(path: str) -> dict:
     be silently ignored). YAML reads `3e-4` as a string and `no` as false: both are converted or named here."""
     if not os.path.isfile(path):
         raise ValueError(f"config={path!r} does not exist; expected a YAML or JSON file of arguments")
-    with open(path, encoding="utf-8") as handle:
-        values = yaml.safe_load(handle) or {}
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"config={path!r} is not UTF-8 text (byte {error.start}, line {line}: {error.reason}); "
+                         "expected a YAML or JSON file saved as UTF-8") from None
+    try:
+        values = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ValueError(f"config={path!r} is not valid YAML{where} ({problem}); expected a mapping of "
+                         "argument: value") from None
     if not isinstance(values, dict):
         raise ValueError(f"config={path!r} holds a {type(values).__name__}; expected a mapping of argument: value")
+    if "config" in values:  # one file of arguments: a nested reference would be silently ignored
+        raise ValueError(f"config={path!r} has a 'config' key ({values['config']!r}); expected the arguments "
+                         "themselves (a config file cannot include another)")
     fields = {f.name: f for f in dataclasses.fields(PretrainArguments)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
