@@ -29,6 +29,7 @@ from .dropout import Dropout, relu_dropout
 from .inference_cache import enabled as cache_enabled
 from .layer_norm import LayerNorm
 from .relative_attention import RelativeMultiHeadAttention, causal_mask, relative_positions, sinusoid_table
+from .size_estimate import check_model_fits
 
 
 @dataclass
@@ -247,6 +248,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: TransformerXLConfig, *inputs, **kwargs):
         config.validate_architecture()  # also what was set after the config was built (`config.mem_len = -5`)
+        check_model_fits(config)  # before any parameter is built: a config of 10**9 layers is refused by its estimate
         super().__init__(config, *inputs, **kwargs)
 
     @classmethod

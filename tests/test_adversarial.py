@@ -246,6 +246,35 @@ def read_crafted_vocab(tmp, watched):
     return tokenizer_from_vocab(tmp / "vocab.pkl")
 
 
+def huge_config(field: str, value: int):
+    """tmp/huge: the finished run's weights with one field of config.json set to `value`."""
+    def setup(tmp, finished):
+        folder = tmp / "huge"
+        folder.mkdir()
+        shutil.copy(finished / "model.safetensors", folder)
+        config = json.loads((finished / "config.json").read_text())
+        config[field] = value
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+    return setup
+
+
+def huge_legacy(tmp, finished):
+    legacy = legacy_copy()(tmp, finished)
+    config = json.loads((legacy / "config.json").read_text())
+    (legacy / "config.json").write_text(json.dumps({**config, "n_layer": 10**9}))
+    return tmp
+
+
+def load_model(tmp, folder):
+    from modeling_xl import TransformerXLForCausalLM
+
+    return TransformerXLForCausalLM.from_pretrained(str(folder))
+
+
+TOO_LARGE = r"describes a model of about [\d,]+ parameters; its weights would take about .* more than the .* available " \
+            r"on this machine; expected a config that fits, or MODELING_XL_MAX_MEMORY=<size>\|unlimited"
+
 PREVIOUS = r"resume from the previous checkpoint instead: --resume_from_checkpoint \S*step_0000002"
 
 CASES = [
@@ -314,6 +343,16 @@ CASES = [
          r"legacy Transformer-XL config\.json has no d_model; expected every architecture field"),
     Case("10-crafted-vocab-pkl", crafted_vocab, read_crafted_vocab,
          r"vocab\.pkl is not a legacy Transformer-XL vocab\.pkl this safe parser can read \(.*'str' object"),
+    # 6: a config too large for the machine is refused by its estimate, before anything is built
+    *[Case(f"6-from-pretrained-huge-{field}", huge_config(field, value), load_model, TOO_LARGE)
+      for field, value in (("n_layer", 10**9), ("d_model", 2 * 10**9), ("vocab_size", 10**12), ("d_inner", 10**12),
+                           ("n_head", 10**9))],
+    Case("6-convert-huge-legacy-config", huge_legacy,
+         lambda tmp, watched: load_script("convert_transfo_xl").convert(str(tmp / "legacy"), str(tmp / "out")),
+         r"n_layer=1000000000.*describes a model of about"),
+    Case("6-pretrain-config-name-huge", huge_config("n_layer", 10**9),
+         lambda tmp, folder: pretrain(tmp / "out", "--config_name", str(folder)),
+         r"training it \(weights, gradients, Adam's two moments\) would take about"),
     # already handled before issue 20: kept here so that they stay handled
     Case("earlier-run-without-resume-or-overwrite", copy_run, fresh_run,
          r"already holds an earlier run \(checkpoints, train_log\.jsonl\)"),
@@ -338,3 +377,18 @@ def test_bad_input_is_named_and_nothing_is_lost(case, tmp_path, finished_run):
     after = snapshot(watched)
     assert {k: v for k, v in after.items() if k not in case.changes} == \
         {k: v for k, v in before.items() if k not in case.changes}
+
+
+def test_model_size_limit_can_be_set_or_lifted(monkeypatch):
+    from modeling_xl import TransformerXLConfig
+    from modeling_xl.size_estimate import ModelTooLargeError, check_model_fits
+
+    huge = TransformerXLConfig.from_preset("debug", n_layer=10**9)
+    monkeypatch.setenv("MODELING_XL_MAX_MEMORY", "unlimited")
+    assert check_model_fits(huge) > 10**12  # estimated, allowed, nothing built
+    monkeypatch.setenv("MODELING_XL_MAX_MEMORY", "10KB")
+    with pytest.raises(ModelTooLargeError, match=r"more than the 10,000 bytes available on this machine"):
+        check_model_fits(TransformerXLConfig.from_preset("debug"))
+    monkeypatch.setenv("MODELING_XL_MAX_MEMORY", "lots")
+    with pytest.raises(ValueError, match=r"MODELING_XL_MAX_MEMORY='lots' is invalid; expected a size"):
+        check_model_fits(TransformerXLConfig.from_preset("debug"))
