@@ -47,6 +47,7 @@ _RECIPE_FIELDS = {
     "learning_rate": "learning_rate",
     "warmup_steps": "num_warmup_steps",
     "max_steps": "max_train_steps",
+    "max_grad_norm": "max_grad_norm",
 }
 
 
@@ -102,7 +103,7 @@ class PretrainArguments:
     adam_epsilon: float = 1e-8
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "cosine, linear, constant, constant_with_warmup"})
     num_warmup_steps: int | None = field(default=None, metadata={"help": "linear warmup steps"})
-    max_grad_norm: float = field(default=0.25, metadata={"help": "gradient clipping (0.25 in the paper; 0: off)"})
+    max_grad_norm: float | None = field(default=None, metadata={"help": "gradient clipping (default: the recipe's, else 0.25 as in the paper; 0: off)"})
     mixed_precision: str | None = field(default=None, metadata={"help": "no, fp16 or bf16 (default: accelerate config)"})
     seed: int = 42
     # evaluation, checkpoints, feedback
@@ -237,7 +238,8 @@ def resolve(args: PretrainArguments, explicit: set[str] = frozenset()) -> Pretra
                     values["max_train_steps"])
     fallbacks = dict(tgt_len=128, mem_len=128, eval_tgt_len=None, eval_mem_len=None, clamp_len=-1,
                      eval_clamp_len=None, same_length=False, eval_same_length=True, learning_rate=2.5e-4,
-                     num_warmup_steps=0, max_train_steps=1000, train_batch_size=16, output_dir="outputs/pretrain")
+                     num_warmup_steps=0, max_train_steps=1000, train_batch_size=16, output_dir="outputs/pretrain",
+                     max_grad_norm=0.25)
     for name, value in fallbacks.items():
         if values[name] is None:
             values[name] = value
