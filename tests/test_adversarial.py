@@ -425,3 +425,54 @@ def test_first_steps_of_the_tiny_preset_do_not_spike(tmp_path, monkeypatch, step
     rises = [loss - low for loss, low in zip(losses, lowest)]
     assert max(rises) < 1.0, [round(x, 2) for x in losses]
     assert losses[-1] < 7.6, [round(x, 2) for x in losses]
+
+
+# ---------------------------------------------------------------- 7: a stalled rank ends the run in bounded time
+
+STALL_DRIVER = textwrap.dedent('''
+    """Two-process pretraining on the generated corpus; rank 1 stops itself (SIGSTOP) at its third step."""
+    import os, signal, sys
+    sys.path.insert(0, sys.argv.pop(1))
+    import test_adversarial as t
+    from modeling_xl.training import loop, parse_args, run_pretraining
+
+    step_fn = loop.train_step
+
+    def stalling(accelerator, *args, step, **kwargs):
+        if step == 2 and accelerator.process_index == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return step_fn(accelerator, *args, step=step, **kwargs)
+
+    loop.train_step = stalling
+    run_pretraining(parse_args(sys.argv[1:]), t.builder)
+''')
+
+
+def test_a_stalled_rank_ends_the_run_after_ddp_timeout(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "driver.py").write_text(STALL_DRIVER)
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    command = [str(Path(PYTHON).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+               str(port), str(tmp_path / "driver.py"), str(REPO / "tests"),
+               *run_args(tmp_path / "out", "--max_train_steps", "8", "--ddp_timeout", "10")]
+    started = time.monotonic()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        _, stderr = process.communicate(timeout=240)
+    finally:
+        try:  # never leave a stopped rank behind (the launcher may have ended without it)
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+    elapsed = time.monotonic() - started
+    assert process.returncode != 0
+    assert "timed out" in stderr.lower() or "timeout" in stderr.lower(), stderr[-3000:]
+    assert elapsed < 200, elapsed

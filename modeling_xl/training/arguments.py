@@ -106,6 +106,7 @@ class PretrainArguments:
     max_grad_norm: float | None = field(default=None, metadata={"help": "gradient clipping (default: the recipe's, else 0.25 as in the paper; 0: off)"})
     mixed_precision: str | None = field(default=None, metadata={"help": "no, fp16 or bf16 (default: accelerate config)"})
     seed: int = 42
+    ddp_timeout: int = field(default=1800, metadata={"help": "seconds a process waits for the others in a collective (a stalled or dead rank ends the run after this, instead of hanging); as transformers' ddp_timeout"})
     # evaluation, checkpoints, feedback
     eval_steps: int | None = field(default=None, metadata={"help": "evaluate every N steps (default: 5 times per run)"})
     max_eval_segments: int | None = field(default=None, metadata={"help": "cap evaluation during training at N segments (final evaluation: all)"})
@@ -265,7 +266,7 @@ def validate(args: PretrainArguments) -> None:
     if args.mixed_precision is not None:
         _choice("mixed_precision", args.mixed_precision, PRECISIONS)
     for name in ("train_batch_size", "tgt_len", "eval_tgt_len", "max_train_steps", "gradient_accumulation_steps",
-                 "eval_steps", "logging_steps"):
+                 "eval_steps", "logging_steps", "ddp_timeout"):
         _positive(name, getattr(args, name))
     for name in ("per_device_train_batch_size", "checkpointing_steps", "max_eval_segments", "checkpoints_total_limit"):
         if getattr(args, name) is not None:

@@ -10,10 +10,11 @@ import logging
 import platform
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Callable
 
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 
 from .arguments import (PretrainArguments, check_output_dir, clear_run_records, earlier_pretraining_run,
                         processes_split, save_resolved)
@@ -57,6 +58,8 @@ def make_accelerator(args: PretrainArguments) -> Accelerator:
         log_with=trackers or None,
         project_config=ProjectConfiguration(project_dir=args.output_dir, logging_dir=f"{args.output_dir}/runs"),
         dataloader_config=DataLoaderConfiguration(split_batches=True),
+        # a stalled or dead rank ends the run after ddp_timeout seconds instead of leaving the others waiting forever
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout))],
     )
 
 
