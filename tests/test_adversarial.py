@@ -275,6 +275,25 @@ def load_model(tmp, folder):
 TOO_LARGE = r"describes a model of about [\d,]+ parameters; its weights would take about .* more than the .* available " \
             r"on this machine; expected a config that fits, or MODELING_XL_MAX_MEMORY=<size>\|unlimited"
 
+def model_call(**make):
+    """Call a fresh debug causal LM (seeded) with inputs built by `make` (name -> function of (model, ids, mems))."""
+    def act(tmp, watched):
+        import torch
+
+        from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+
+        torch.manual_seed(0)
+        model = TransformerXLForCausalLM(TransformerXLConfig.from_preset("debug")).eval()
+        ids = torch.randint(0, 97, (2, 5))
+        mems = model(ids).mems
+        return model(**{name: build(model, ids, mems) for name, build in make.items()})
+    return act
+
+
+def nothing(tmp, finished):
+    return tmp / "nothing"
+
+
 PREVIOUS = r"resume from the previous checkpoint instead: --resume_from_checkpoint \S*step_0000002"
 
 CASES = [
@@ -353,6 +372,30 @@ CASES = [
     Case("6-pretrain-config-name-huge", huge_config("n_layer", 10**9),
          lambda tmp, folder: pretrain(tmp / "out", "--config_name", str(folder)),
          r"training it \(weights, gradients, Adam's two moments\) would take about"),
+    # 11: the model's inputs, checked at its boundary
+    Case("11-inputs-embeds-of-the-wrong-width", nothing,
+         model_call(inputs_embeds=lambda m, ids, mems: __import__("torch").randn(2, 5, 7)),
+         r"inputs_embeds has shape \(2, 5, 7\); expected \[batch, seq_len, d_model=16\]"),
+    Case("11-inputs-embeds-of-another-dtype", nothing,
+         model_call(inputs_embeds=lambda m, ids, mems: __import__("torch").randn(2, 5, 16).double()),
+         r"inputs_embeds has dtype torch\.float64; expected the model's dtype torch\.float32"),
+    Case("11-float-labels", nothing,
+         model_call(input_ids=lambda m, ids, mems: ids, labels=lambda m, ids, mems: ids.float()),
+         r"labels has dtype torch\.float32; expected integer token ids"),
+    Case("11-mems-of-none", nothing,
+         model_call(input_ids=lambda m, ids, mems: ids, mems=lambda m, ids, mems: [None, None]),
+         r"mems\[0\] is NoneType; expected a tensor \[batch, mem_len, d_model\] per layer.*or mems=None"),
+    Case("11-integer-mems", nothing,
+         model_call(input_ids=lambda m, ids, mems: ids, mems=lambda m, ids, mems: [x.long() for x in mems]),
+         r"mems\[0\] has dtype torch\.int64; expected floating-point hidden states"),
+    Case("11-mems-longer-than-mem-len", nothing,
+         model_call(input_ids=lambda m, ids, mems: ids,
+                    mems=lambda m, ids, mems: [__import__("torch").cat([x, x], 1) for x in mems]),
+         r"mems\[0\] holds 10 positions; expected at most mem_len=8"),
+    Case("11-attention-mask-not-0-or-1", nothing,
+         model_call(input_ids=lambda m, ids, mems: ids,
+                    attention_mask=lambda m, ids, mems: __import__("torch").full((2, 5), 2)),
+         r"attention_mask holds \[2\.0\]; expected 1 for real tokens and 0 for padding"),
     # already handled before issue 20: kept here so that they stay handled
     Case("earlier-run-without-resume-or-overwrite", copy_run, fresh_run,
          r"already holds an earlier run \(checkpoints, train_log\.jsonl\)"),
@@ -476,3 +519,17 @@ def test_a_stalled_rank_ends_the_run_after_ddp_timeout(tmp_path):
     assert process.returncode != 0
     assert "timed out" in stderr.lower() or "timeout" in stderr.lower(), stderr[-3000:]
     assert elapsed < 200, elapsed
+
+
+def test_float64_memory_continues_a_float32_model_as_documented():
+    """The documented conversion (not an error): memory of another floating dtype is cast to the model's."""
+    import torch
+
+    from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+
+    model = TransformerXLForCausalLM(TransformerXLConfig.from_preset("debug")).eval()
+    ids = torch.randint(0, 97, (2, 5))
+    mems = model(ids).mems
+    as_is, doubled = model(ids, mems=mems), model(ids, mems=[m.double() for m in mems])
+    torch.testing.assert_close(doubled.logits, as_is.logits)
+    assert doubled.mems[0].dtype == torch.float32
