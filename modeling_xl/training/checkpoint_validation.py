@@ -23,6 +23,9 @@ _TRAILING_STEP = re.compile(r"(\d+)$")
 # field -> (check, what was expected); absent fields are accepted (older versions wrote fewer of them), except `step`
 _POSITIVE = (lambda v: _is_int(v) and v > 0, "a positive integer")
 _NON_NEGATIVE = (lambda v: _is_int(v) and v >= 0, "an integer >= 0")
+_HISTORY = (lambda v: isinstance(v, list) and all(isinstance(e, dict) and _is_int(e.get("step")) and e["step"] >= 0
+                                                  for e in v),
+            "a list of {'step': integer >= 0, metric: value} records")
 FIELD_CHECKS = {
     "step": _NON_NEGATIVE,
     "tokens_seen": _NON_NEGATIVE,
@@ -34,9 +37,7 @@ FIELD_CHECKS = {
     "train_tokens": (lambda v: v is None or _is_int(v) and v >= 0, "null or an integer >= 0"),
     "objective": (lambda v: v in ("clm", "plm"), "'clm' or 'plm'"),
     "elapsed_seconds": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    "eval_history": (_HISTORY := (lambda v: isinstance(v, list) and all(
-        isinstance(e, dict) and _is_int(e.get("step")) and e["step"] >= 0 for e in v),
-        "a list of {'step': integer >= 0, metric: value} records")),
+    "eval_history": _HISTORY,
     "history": _HISTORY,  # fine-tuning's evaluation records
     "train_seconds": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "data_position": (lambda v: isinstance(v, dict) and _is_int(v.get("segments_consumed"))
