@@ -42,6 +42,7 @@ from .inference_cache import ProjectionCache
 from .inference_cache import enabled as cache_enabled
 from .layer_norm import LayerNorm
 from .relative_attention import RelativeMultiHeadAttention, causal_mask, relative_positions, sinusoid_table
+from .size_estimate import check_model_fits
 
 
 @dataclass
@@ -121,8 +122,13 @@ def memory_like(mems: tuple[torch.Tensor, ...] | None, h: torch.Tensor) -> tuple
     return tuple(m.to(h.dtype) for m in mems)
 
 
-def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) -> tuple[int, int]:
-    """Validate the backbone inputs; returns (B, T). Errors name the argument, the value and what was expected."""
+def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems, dtype: torch.dtype | None = None,
+                 attention_mask: torch.Tensor | None = None) -> tuple[int, int]:
+    """Validate the backbone inputs; returns (B, T). Errors name the argument, the value and what was expected.
+
+    `dtype`: the model's; `inputs_embeds` must have it (no silent rounding). Memory of another floating dtype is
+    converted to the model's (`memory_like`: a float32 run's memory continues in bfloat16); integer memory, a `None`
+    entry and more positions than `config.mem_len` are errors. `attention_mask` holds 0/1 (or booleans)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("expected exactly one of input_ids and inputs_embeds")
     x = input_ids if input_ids is not None else inputs_embeds
@@ -132,6 +138,17 @@ def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) ->
     batch, length = x.shape[:2]
     if batch == 0 or length == 0:
         raise ValueError(f"input has shape {tuple(x.shape)}; expected a non-empty batch and sequence")
+    if inputs_embeds is not None:
+        if inputs_embeds.size(-1) != config.d_model:
+            raise ValueError(f"inputs_embeds has shape {tuple(inputs_embeds.shape)}; expected [batch, seq_len, "
+                             f"d_model={config.d_model}]")
+        if dtype is not None and inputs_embeds.dtype != dtype:
+            raise ValueError(f"inputs_embeds has dtype {inputs_embeds.dtype}; expected the model's dtype {dtype} "
+                             "(convert with inputs_embeds.to(model.dtype))")
+    if attention_mask is not None and attention_mask.numel() and not bool(
+            ((attention_mask == 0) | (attention_mask == 1)).all()):
+        values = sorted({float(v) for v in attention_mask.unique()[:6].tolist()})
+        raise ValueError(f"attention_mask holds {values}; expected 1 for real tokens and 0 for padding")
     if input_ids is not None:
         if input_ids.dtype not in (torch.long, torch.int):
             raise ValueError(f"input_ids has dtype {input_ids.dtype}; expected integer token ids (torch.long or "
@@ -143,6 +160,16 @@ def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) ->
     if mems is not None:
         if len(mems) != config.n_layer:
             raise ValueError(f"mems has {len(mems)} tensors; expected one per layer (n_layer={config.n_layer})")
+        for i, m in enumerate(mems):
+            if not isinstance(m, torch.Tensor):
+                raise ValueError(f"mems[{i}] is {type(m).__name__}; expected a tensor [batch, mem_len, d_model] per "
+                                 "layer (the mems a forward returned), or mems=None for no memory")
+            if not m.is_floating_point():
+                raise ValueError(f"mems[{i}] has dtype {m.dtype}; expected floating-point hidden states (the mems a "
+                                 "forward returned)")
+            if m.dim() == 3 and m.size(1) > config.mem_len:
+                raise ValueError(f"mems[{i}] holds {m.size(1)} positions; expected at most mem_len="
+                                 f"{config.mem_len} (set model.config.mem_len to use a longer memory)")
         mlen = mems[0].size(1) if mems[0].dim() == 3 else -1
         for i, m in enumerate(mems):
             if m.dim() != 3 or m.size(0) != batch or m.size(1) != mlen or m.size(2) != config.d_model:
@@ -213,6 +240,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: TransformerXLConfig, *inputs, **kwargs):
         config.validate_architecture()  # also what was set after the config was built (`config.mem_len = -5`)
+        check_model_fits(config)  # before any parameter is built: a config of 10**9 layers is refused by its estimate
         super().__init__(config, *inputs, **kwargs)
 
     @classmethod
@@ -402,7 +430,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = cfg.return_dict if return_dict is None else return_dict
-        batch, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems)
+        batch, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems, dtype=self.dtype, attention_mask=attention_mask)
         if attention_mask is not None and attention_mask.size(0) != batch:
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected [batch={batch}, "
                              f"seq_len={qlen}] or [batch={batch}, mem_len + seq_len]")
@@ -509,6 +537,9 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
             name, targets = ("labels", labels) if labels is not None else ("next_token_labels", next_token_labels)
             if tuple(targets.shape) != (batch, qlen):
                 raise ValueError(f"{name} has shape {tuple(targets.shape)}; expected [batch={batch}, seq_len={qlen}]")
+            if targets.is_floating_point() or targets.dtype == torch.bool or targets.is_complex():
+                raise ValueError(f"{name} has dtype {targets.dtype}; expected integer token ids (torch.long), -100 "
+                                 "where ignored")
             if labels is not None:
                 hidden, targets = hidden[:, :-1], labels[:, 1:]
             targets = targets.reshape(-1)

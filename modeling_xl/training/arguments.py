@@ -48,6 +48,7 @@ _RECIPE_FIELDS = {
     "learning_rate": "learning_rate",
     "warmup_steps": "num_warmup_steps",
     "max_steps": "max_train_steps",
+    "max_grad_norm": "max_grad_norm",
 }
 
 
@@ -103,9 +104,10 @@ class PretrainArguments:
     adam_epsilon: float = 1e-8
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "cosine, linear, constant, constant_with_warmup"})
     num_warmup_steps: int | None = field(default=None, metadata={"help": "linear warmup steps"})
-    max_grad_norm: float = field(default=0.25, metadata={"help": "gradient clipping (0.25 in the paper; 0: off)"})
+    max_grad_norm: float | None = field(default=None, metadata={"help": "gradient clipping (default: the recipe's, else 0.25 as in the paper; 0: off)"})
     mixed_precision: str | None = field(default=None, metadata={"help": "no, fp16 or bf16 (default: accelerate config)"})
     seed: int = 42
+    ddp_timeout: int = field(default=1800, metadata={"help": "seconds a process waits for the others in a collective (a stalled or dead rank ends the run after this, instead of hanging); as transformers' ddp_timeout"})
     # evaluation, checkpoints, feedback
     eval_steps: int | None = field(default=None, metadata={"help": "evaluate every N steps (default: 5 times per run)"})
     max_eval_segments: int | None = field(default=None, metadata={"help": "cap evaluation during training at N segments (final evaluation: all)"})
@@ -156,10 +158,26 @@ def load_config_file(path: str) -> dict:
     be silently ignored). YAML reads `3e-4` as a string and `no` as false: both are converted or named here."""
     if not os.path.isfile(path):
         raise ValueError(f"config={path!r} does not exist; expected a YAML or JSON file of arguments")
-    with open(path, encoding="utf-8") as handle:
-        values = yaml.safe_load(handle) or {}
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"config={path!r} is not UTF-8 text (byte {error.start}, line {line}: {error.reason}); "
+                         "expected a YAML or JSON file saved as UTF-8") from None
+    try:
+        values = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ValueError(f"config={path!r} is not valid YAML{where} ({problem}); expected a mapping of "
+                         "argument: value") from None
     if not isinstance(values, dict):
         raise ValueError(f"config={path!r} holds a {type(values).__name__}; expected a mapping of argument: value")
+    if "config" in values:  # one file of arguments: a nested reference would be silently ignored
+        raise ValueError(f"config={path!r} has a 'config' key ({values['config']!r}); expected the arguments "
+                         "themselves (a config file cannot include another)")
     fields = {f.name: f for f in dataclasses.fields(PretrainArguments)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
@@ -222,7 +240,8 @@ def resolve(args: PretrainArguments, explicit: set[str] = frozenset()) -> Pretra
                     values["max_train_steps"])
     fallbacks = dict(tgt_len=128, mem_len=128, eval_tgt_len=None, eval_mem_len=None, clamp_len=-1,
                      eval_clamp_len=None, same_length=False, eval_same_length=True, learning_rate=2.5e-4,
-                     num_warmup_steps=0, max_train_steps=1000, train_batch_size=16, output_dir="outputs/pretrain")
+                     num_warmup_steps=0, max_train_steps=1000, train_batch_size=16, output_dir="outputs/pretrain",
+                     max_grad_norm=0.25)
     for name, value in fallbacks.items():
         if values[name] is None:
             values[name] = value
@@ -248,7 +267,7 @@ def validate(args: PretrainArguments) -> None:
     if args.mixed_precision is not None:
         _choice("mixed_precision", args.mixed_precision, PRECISIONS)
     for name in ("train_batch_size", "tgt_len", "eval_tgt_len", "max_train_steps", "gradient_accumulation_steps",
-                 "eval_steps", "logging_steps"):
+                 "eval_steps", "logging_steps", "ddp_timeout"):
         _positive(name, getattr(args, name))
     for name in ("per_device_train_batch_size", "checkpointing_steps", "max_eval_segments", "checkpoints_total_limit"):
         if getattr(args, name) is not None:

@@ -10,10 +10,11 @@ import logging
 import platform
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Callable
 
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 
 from .arguments import (PretrainArguments, check_output_dir, clear_run_records, earlier_pretraining_run,
                         processes_split, save_resolved)
@@ -23,6 +24,7 @@ from .data import PretrainData, tokenizer_vocab_size
 from .feedback import LOG_FILE, PLOT_FILE, Progress, StepLog, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
 from .objectives import objective_for
+from .output_guard import OutputDirLock, check_output_contents, is_launch_main_process
 from .publishing import model_card, push_folder, save_card_keeping_sections, write_results
 from .steps import NonFiniteLossError, train_step
 from .teardown import end_run
@@ -56,6 +58,8 @@ def make_accelerator(args: PretrainArguments) -> Accelerator:
         log_with=trackers or None,
         project_config=ProjectConfiguration(project_dir=args.output_dir, logging_dir=f"{args.output_dir}/runs"),
         dataloader_config=DataLoaderConfiguration(split_batches=True),
+        # a stalled or dead rank ends the run after ddp_timeout seconds instead of leaving the others waiting forever
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout))],
     )
 
 
@@ -63,11 +67,18 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     """Train, evaluate, write the final folder (and push it). Returns the final validation metrics.
 
     `data_builder(args, process_index, num_processes, per_process)` -> PretrainData; default: `corpus.build_data`
-    (the datasets/tokenizers pipeline). Tests pass their own to train on tiny corpora.
+    (the datasets/tokenizers pipeline). Tests pass their own to train on tiny corpora. The output folder is locked
+    for the whole run (`output_guard.OutputDirLock`): a second run there is refused instead of mixing with this one.
     """
+    with OutputDirLock(args.output_dir, enabled=is_launch_main_process()):
+        return _run_pretraining(args, data_builder)
+
+
+def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     started = time.perf_counter()
     resuming = args.resume_from_checkpoint is not None
     output_dir = check_output_dir(args.output_dir, resuming=resuming, overwrite=args.overwrite_output_dir)
+    check_output_contents(output_dir, args, holds_earlier_run=bool(earlier_pretraining_run(output_dir)))
     accelerator = make_accelerator(args)
     global_batch, per_process = processes_split(args, accelerator.num_processes)
     layout = {"train_batch_size": global_batch, "num_processes": accelerator.num_processes,

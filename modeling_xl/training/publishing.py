@@ -14,7 +14,8 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 
 from .checkpointing import CHECKPOINTS
 
-UPLOAD_EXCLUDE = [f"{CHECKPOINTS}/*", ".tmp*", "**/.tmp*", ".write_test*"]  # .write_test*: output-folder probes
+# .write_test*: output-folder probes; .run.lock: the lock of the run (output_guard)
+UPLOAD_EXCLUDE = [f"{CHECKPOINTS}/*", ".tmp*", "**/.tmp*", ".write_test*", ".run.lock"]
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_cards"
 
 
@@ -29,7 +30,7 @@ def upload_file_list(folder) -> list[str]:
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder)
         if path.is_file() and relative.parts[0] != CHECKPOINTS and not any(p.startswith(".tmp") for p in relative.parts):
-            if not relative.name.startswith(".write_test"):
+            if not relative.name.startswith(".write_test") and relative.as_posix() != ".run.lock":
                 files.append(relative.as_posix())
     return files
 
