@@ -120,7 +120,10 @@ AUTO_MAP = {
 
 
 class PermutationLMPreTrainedModel(TransformerXLPreTrainedModel):
-    """Saves a remote-code `auto_map` naming the permutation-LM classes only."""
+    """Saves a remote-code `auto_map` naming the permutation-LM classes only. `_no_split_modules` names its layer class
+    (FSDP's transformer-layer auto-wrap puts one layer in each unit)."""
+
+    _no_split_modules = ["PermutationLMLayer"]
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
