@@ -115,9 +115,19 @@ def read_training_state(folder) -> dict:
     return json.loads((Path(folder) / STATE_FILE).read_text())
 
 
-def load_checkpoint(accelerator, folder: Path, num_chunks: int, device) -> list:
-    """Restore Accelerate's state, this process's memories and RNG; returns the memories (one entry per chunk)."""
+def load_checkpoint(accelerator, folder: Path, num_chunks: int, device, saved: dict | None = None,
+                    layout: dict | None = None) -> list:
+    """Restore Accelerate's state, this process's memories and RNG; returns the memories (one entry per chunk).
+    With the checkpoint's training state `saved` and this run's `layout`, the memories are taken from the processes
+    and chunks that held the same streams (another number of processes, see `process_layout`)."""
     accelerator.load_state(str(folder))
+    if saved is not None and layout is not None:
+        from .process_layout import load_memories
+
+        memories, rng_state = load_memories(folder, saved, layout, accelerator.process_index, device)
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        return memories
     tensors = load_file(str(Path(folder) / f"memories_rank{accelerator.process_index}.safetensors"))
     torch.set_rng_state(tensors.pop("rng_state"))
     return tensors_to_memories(tensors, num_chunks, device)
