@@ -95,7 +95,7 @@ STEPS = 20
 COMMON = ["--preset", "debug", "--train_batch_size", "4", "--tgt_len", "8", "--mem_len", "8", "--eval_tgt_len", "8",
           "--eval_mem_len", "16", "--max_train_steps", str(STEPS), "--eval_steps", "10", "--max_eval_segments", "10",
           "--learning_rate", "3e-3", "--disable_tqdm", "--seed", "7", "--dropout", "0.1"]
-OBJECTIVES = {"clm": [], "plm": ["--objective", "plm"]}
+OBJECTIVES = {"clm": [], "plm": ["--objective", "plm", "--tgt_len", "16", "--eval_tgt_len", "16"]}
 FSDP2 = ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
          "--fsdp_state_dict_type", "SHARDED_STATE_DICT"]
 CHECKPOINT = ["--checkpointing_steps", "10"]
