@@ -245,8 +245,8 @@ def test_node_local_output_folder_is_refused_before_training(workdir):
 # ---- the checks themselves (no processes) ----
 
 def fake_accelerator(kind, fsdp_version=None, processes=2, **plugin):
-    state = SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version, transformer_cls_names_to_wrap=None,
-                                                        activation_checkpointing=False, **plugin))
+    plugin = {"transformer_cls_names_to_wrap": None, "activation_checkpointing": False, **plugin}
+    state = SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version, **plugin))
     return SimpleNamespace(distributed_type=kind, state=state, num_processes=processes)
 
 
@@ -318,3 +318,22 @@ def test_memories_move_to_the_process_and_chunk_that_hold_their_streams(tmp_path
         memories, rng = load_memories(tmp_path, saved, four, rank, "cpu")
         assert [float(m[0, 0, 0]) for m in memories[0]] == [10.0 * rank, 10.0 * rank + 1]
         assert (rng is None) == (rank >= 2)  # processes the checkpoint did not have keep their own RNG
+
+
+def test_the_start_of_a_run_says_what_runs(caplog):
+    from accelerate.utils import DistributedType
+
+    accelerator = fake_accelerator(DistributedType.FSDP, 2, activation_checkpointing=True)
+    accelerator.__dict__.update(is_main_process=True, mixed_precision="bf16", device=torch.device("cpu"))
+    args = SimpleNamespace(gradient_checkpointing=False)
+    with caplog.at_level("INFO", logger="modeling_xl.training.engines"):
+        warnings = engines.describe_run(accelerator, args, env={"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    assert warnings == []
+    assert ("world size 2 (1 machine(s) x 2 process(es)), engine FSDP2, mixed precision bf16, device cpu, activation "
+            "checkpointing on") in caplog.text
+    caplog.clear()
+    ddp = fake_accelerator(DistributedType.MULTI_CPU)
+    ddp.__dict__.update(is_main_process=True, mixed_precision="no", device=torch.device("cpu"))
+    with caplog.at_level("INFO", logger="modeling_xl.training.engines"):
+        engines.describe_run(ddp, args, env={"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2"})
+    assert "engine DDP" in caplog.text and "asked for FSDP" in caplog.text

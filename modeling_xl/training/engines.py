@@ -89,15 +89,20 @@ def _machines(env: Mapping[str, str]) -> str:
     return f"{nodes or 1} machine(s) x {local or 1} process(es)" if local else "1 machine"
 
 
-def check_engine(accelerator, args, model) -> None:
-    """Before `accelerator.prepare`: refuse FSDP1 and DeepSpeed (named reasons), check FSDP2's layer classes and tied
-    weights, and replace Accelerate's FSDP2 activation checkpointing by the model's own (which keeps dropout exact)."""
+def refuse_unsupported(accelerator) -> None:
+    """FSDP1 and DeepSpeed stop the run at start, with the reason (before any data or model is built)."""
     engine = engine_name(accelerator)
     if engine == "FSDP1":
         raise ValueError(FSDP1_REFUSAL)
     if engine == "DeepSpeed":
         raise ValueError(DEEPSPEED_REFUSAL)
-    if engine == "FSDP2":
+
+
+def check_engine(accelerator, args, model) -> None:
+    """Before `accelerator.prepare`: refuse FSDP1 and DeepSpeed, check FSDP2's layer classes and tied weights, and
+    replace Accelerate's FSDP2 activation checkpointing by the model's own (which keeps dropout exact)."""
+    refuse_unsupported(accelerator)
+    if engine_name(accelerator) == "FSDP2":
         plugin = accelerator.state.fsdp_plugin
         check_layer_classes(model, plugin.transformer_cls_names_to_wrap)
         check_ties_in_one_unit(model)

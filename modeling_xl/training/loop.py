@@ -20,7 +20,7 @@ from .arguments import (PretrainArguments, check_output_dir, clear_run_records, 
 from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
                             resolve_checkpoint, save_checkpoint)
 from .data import PretrainData, tokenizer_vocab_size
-from .engines import check_engine, describe_run, final_model
+from .engines import check_engine, describe_run, final_model, refuse_unsupported
 from .feedback import LOG_FILE, PLOT_FILE, Progress, StepLog, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
 from .objectives import objective_for
@@ -73,6 +73,7 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     output_dir = check_output_dir(args.output_dir, resuming=resuming, overwrite=args.overwrite_output_dir)
     accelerator = make_accelerator(args)
     describe_run(accelerator, args)
+    refuse_unsupported(accelerator)  # FSDP1, DeepSpeed: named, before any data or model is built
     check_shared_folder(accelerator, output_dir)  # before a resume looks for its checkpoint there
     global_batch, per_process = processes_split(args, accelerator.num_processes)
     layout = {"train_batch_size": global_batch, "num_processes": accelerator.num_processes,
