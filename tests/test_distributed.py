@@ -167,7 +167,9 @@ def test_fsdp2_gives_the_ddp_losses(workdir, ddp_runs, fsdp2_clm, objective, che
         out = fsdp2_clm
     else:
         out = workdir / f"fsdp2_{objective}_{checkpointing}"
-        flags = ["--fsdp_activation_checkpointing", "true"] if checkpointing else []
+        # with checkpointing, also the README yaml's cpu_ram_efficient_loading (rank 0 loads, the others get shards)
+        flags = ["--fsdp_activation_checkpointing", "true", "--fsdp_cpu_ram_efficient_loading", "true"] \
+            if checkpointing else []
         if objective == "plm":  # the full (gathered) state dict in its checkpoints
             flags += ["--fsdp_state_dict_type", "FULL_STATE_DICT"]
         launch(workdir, out, [*OBJECTIVES[objective], *CHECKPOINT], launcher=(*FSDP2, *flags))
