@@ -122,7 +122,10 @@ class PermutationLMLayer(GradientCheckpointingLayer):
 
 class PermutationLMPreTrainedModel(TransformerXLPreTrainedModel):
     """Saves a remote-code `auto_map` naming the permutation-LM classes (the causal classes' files are copied too, as
-    imports, but their weights would not match, so they are not listed)."""
+    imports, but their weights would not match, so they are not listed). `_no_split_modules` names its layer class
+    (FSDP's transformer-layer auto-wrap puts one layer in each unit)."""
+
+    _no_split_modules = ["PermutationLMLayer"]
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)

@@ -486,7 +486,9 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         self.post_init()
 
     def get_output_embeddings(self):
-        return None  # the adaptive softmax has no single output matrix; tying is declared in `_tied_weights_keys`
+        """The adaptive softmax. Its `weight` is the head cluster's table, the input embedding's `weight` when tied, so
+        FSDP2 (Accelerate) keeps every tied table and projection in one unit; the tie itself is `_tied_weights_keys`."""
+        return self.lm_head
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         """What transformers ties, saves once and loads: `tied_weight_map` of the current config. transformers ties

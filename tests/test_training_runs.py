@@ -189,7 +189,9 @@ def test_resume_with_another_process_count_is_refused_by_every_process(workdir, 
                         processes=2, check=False)
     assert result.returncode != 0
     # both ranks stop on the layout check, before Accelerate's load_state (rank 1 has no memories file to read)
-    assert result.stderr.count("was written with num_processes=1, this run has num_processes=2") == 2, result.stderr[-3000:]
+    assert result.stderr.count("was written with train_batch_size=4 over 1 process(es) x 1 chunk(s) of 4 streams, this "
+                               "run has train_batch_size=4 over 2 process(es) x 1 chunk(s) of 2 streams") == 2, \
+        result.stderr[-3000:]
     assert "memories_rank1" not in result.stderr
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before  # nothing written
 

@@ -122,13 +122,26 @@ def read_training_state(folder) -> dict:
     return state
 
 
-def load_checkpoint(accelerator, folder: Path, num_chunks: int, device) -> list:
-    """Restore Accelerate's state, this process's memories and RNG; returns the memories (one entry per chunk). A
-    damaged file is a `CheckpointError` naming the checkpoint, the file and the previous checkpoint."""
+def load_checkpoint(accelerator, folder: Path, num_chunks: int, device, saved: dict | None = None,
+                    layout: dict | None = None) -> list:
+    """Restore Accelerate's state, this process's memories and RNG; returns the memories (one entry per chunk).
+    With the checkpoint's training state `saved` and this run's `layout`, the memories are taken from the processes
+    and chunks that held the same streams (another number of processes, see `process_layout`). A damaged file is a
+    `CheckpointError` naming the checkpoint, the file and the previous checkpoint."""
     try:
         accelerator.load_state(str(folder))
     except Exception as error:  # whatever the reading library raises: name the file instead
         raise load_error(folder, error) from None
+    if saved is not None and layout is not None:
+        from .process_layout import load_memories
+
+        try:
+            memories, rng_state = load_memories(folder, saved, layout, accelerator.process_index, device)
+        except Exception as error:
+            raise load_error(folder, error) from None
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        return memories
     memories_file = Path(folder) / f"memories_rank{accelerator.process_index}.safetensors"
     try:
         tensors = load_file(str(memories_file))

@@ -21,11 +21,14 @@ from .arguments import (PretrainArguments, check_output_dir, clear_run_records, 
 from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
                             resolve_checkpoint, save_checkpoint)
 from .data import PretrainData, tokenizer_vocab_size
+from .engines import check_engine, describe_run, final_model, refuse_unsupported
 from .feedback import LOG_FILE, PLOT_FILE, Progress, StepLog, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
 from .objectives import objective_for
 from .output_guard import OutputDirLock, check_output_contents, is_launch_main_process
+from .process_layout import PROCESS_KEYS, check_process_layout
 from .publishing import model_card, push_folder, save_card_keeping_sections, write_results
+from .shared_storage import check_shared_folder
 from .steps import NonFiniteLossError, train_step
 from .teardown import end_run
 
@@ -80,6 +83,9 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     output_dir = check_output_dir(args.output_dir, resuming=resuming, overwrite=args.overwrite_output_dir)
     check_output_contents(output_dir, args, holds_earlier_run=bool(earlier_pretraining_run(output_dir)))
     accelerator = make_accelerator(args)
+    describe_run(accelerator, args)
+    refuse_unsupported(accelerator)  # FSDP1, DeepSpeed: named, before any data or model is built
+    check_shared_folder(accelerator, output_dir)  # before a resume looks for its checkpoint there
     global_batch, per_process = processes_split(args, accelerator.num_processes)
     layout = {"train_batch_size": global_batch, "num_processes": accelerator.num_processes,
               "gradient_accumulation_steps": args.gradient_accumulation_steps, "tgt_len": args.tgt_len}
@@ -87,7 +93,9 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     if resuming:  # checked before anything is written or loaded, on every process
         resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint)
         saved = read_training_state(resume_from)
-        check_compatible(saved, layout, resume_from, args.max_train_steps)
+        check_process_layout(saved, layout, resume_from)  # another number of processes, same streams per chunk
+        check_compatible(saved, {k: v for k, v in layout.items() if k not in PROCESS_KEYS}, resume_from,
+                         args.max_train_steps)
     set_seed(args.seed)
     if data_builder is None:
         from .corpus import build_data as data_builder  # the data pipeline (datasets, tokenizers) is only needed here
@@ -103,6 +111,7 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     config = build_config(args, stream["tokenizer_vocab_size"])
     objective = objective_for(args, data)
     model = build_model(args, config, objective.model_class)
+    check_engine(accelerator, args, model)
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer)
     if accelerator.is_main_process:
@@ -136,7 +145,9 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
 
 def restore(accelerator, folder, saved: dict, state: RunState, args) -> None:
     """Load a checkpoint whose training state `saved` already passed `check_compatible`."""
-    memories = load_checkpoint(accelerator, folder, args.gradient_accumulation_steps, accelerator.device)
+    layout = {"train_batch_size": saved["train_batch_size"], "num_processes": accelerator.num_processes,
+              "gradient_accumulation_steps": args.gradient_accumulation_steps}
+    memories = load_checkpoint(accelerator, folder, args.gradient_accumulation_steps, accelerator.device, saved, layout)
     state.step, state.tokens_seen = saved["step"], saved["tokens_seen"]
     state.memories, state.eval_history = memories, saved.get("eval_history", [])
     state.last_checkpoint = str(folder)
@@ -214,7 +225,7 @@ def finish(accelerator, args, model, data, state, results, global_batch: int, wa
     if not accelerator.is_main_process:
         return
     out = args.output_dir
-    unwrapped = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    unwrapped = final_model(accelerator, model, state_dict)  # the plain model class, also under FSDP
     unwrapped.save_pretrained(out, state_dict=state_dict)
     data.tokenizer.save_pretrained(out)
     write_results(out, results, state.eval_history)
