@@ -201,11 +201,20 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        segment_len: int | None = None,
         **kwargs,
     ) -> TransformerXLSequenceClassifierOutput | tuple:
         """`attention_mask` [B, T] (or [B, M+T] with memory) 1 = real token; `labels` [B] class ids, [B, C] 0/1
-        targets (multi label) or [B] / [B, 1] floats (regression, num_labels == 1)."""
+        targets (multi label) or [B] / [B, 1] floats (regression, num_labels == 1). With `segment_len`, the
+        documents are read `segment_len` tokens at a time with memory (`forward_long`), through the same call (so
+        a wrapper such as DDP sees it)."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        if segment_len is not None:
+            if mems is not None or token_type_ids is not None or input_ids is None:
+                raise ValueError("segment_len is set with mems, token_type_ids or without input_ids; expected "
+                                 "input_ids (and attention_mask, labels) only: forward_long builds its own memory")
+            out = self.forward_long(input_ids, attention_mask=attention_mask, labels=labels, segment_len=segment_len)
+            return out if return_dict else out.to_tuple()
         x = input_ids if input_ids is not None else inputs_embeds
         segment_mask = None
         if attention_mask is not None and x is not None:

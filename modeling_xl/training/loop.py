@@ -15,17 +15,16 @@ from typing import Callable
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 
-from .arguments import (PretrainArguments, check_output_dir, clear_run_records, earlier_pretraining_run,
-                        processes_split, save_resolved)
+from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run
+from .arguments import RUN_RECORDS, PretrainArguments, earlier_pretraining_run, processes_split, save_resolved
 from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
                             resolve_checkpoint, save_checkpoint)
 from .data import PretrainData, tokenizer_vocab_size
-from .feedback import LOG_FILE, PLOT_FILE, Progress, StepLog, plot_losses, tracker_names
+from .feedback import PLOT_FILE, Progress, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
 from .objectives import objective_for
 from .publishing import model_card, push_folder, save_card_keeping_sections, write_results
 from .steps import NonFiniteLossError, train_step
-from .teardown import end_run
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +66,8 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     """
     started = time.perf_counter()
     resuming = args.resume_from_checkpoint is not None
-    output_dir = check_output_dir(args.output_dir, resuming=resuming, overwrite=args.overwrite_output_dir)
+    output_dir = check_output_dir(args.output_dir, earlier_pretraining_run, resuming=resuming,
+                                  overwrite=args.overwrite_output_dir)
     accelerator = make_accelerator(args)
     global_batch, per_process = processes_split(args, accelerator.num_processes)
     layout = {"train_batch_size": global_batch, "num_processes": accelerator.num_processes,
@@ -97,7 +97,7 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     if accelerator.is_main_process:
         # only now, once every check has passed (bad input must not cost the old run), and only if there is one
         if args.overwrite_output_dir and earlier_pretraining_run(output_dir):
-            deleted = clear_run_records(output_dir)
+            deleted = clear_run_records(output_dir, RUN_RECORDS)
             if deleted:
                 logger.info("overwrite_output_dir: deleted %s of the earlier run in %s", ", ".join(deleted), output_dir)
         save_resolved(args, output_dir, {"resolved_batch": layout, "model_config": config.to_dict()})
