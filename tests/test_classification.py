@@ -127,7 +127,7 @@ def test_forward_long_bidirectional_any_length_equals_one_pass(doc_len):
     docs = torch.randint(1, 97, (2, doc_len))
     long = model.forward_long(docs, segment_len=4).logits
     ids = docs[:, -4:]
-    mems = model(docs[:, : doc_len - ids.size(1)]).mems if doc_len > 4 else None
+    mems = model(docs[:, : doc_len - ids.size(1)], use_mems=True).mems if doc_len > 4 else None
     want = model(ids, mems=mems).logits
     torch.testing.assert_close(long, want, atol=1e-5, rtol=1e-5)
 
@@ -280,7 +280,7 @@ def test_xlnet_sequence_classification_logits_match_transformers():
     mask[1, :2], mask[2, :4] = 0, 0  # left padding
     with torch.no_grad():
         want = reference(x, token_type_ids=token_type_ids, attention_mask=mask.float(), use_mems=True)
-        got = ours(x, token_type_ids=token_type_ids, attention_mask=mask)
+        got = ours(x, token_type_ids=token_type_ids, attention_mask=mask, use_mems=True)
         assert (want.logits - got.logits).abs().max() <= 1e-5
         for theirs, mine in zip(want.mems, got.mems):  # theirs [M, B, d], ours [B, M, d]
             assert (theirs.transpose(0, 1) - mine).abs().max() <= 1e-5

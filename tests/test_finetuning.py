@@ -208,8 +208,8 @@ def test_multi_label_from_delimited_labels(tmp_path, lm_checkpoint, one_thread):
 
     train, dev = write_tsv(tmp_path / "train.tsv", rows(500, 1)), write_tsv(tmp_path / "dev.tsv", rows(150, 2))
     results = run_script(tmp_path, lm_checkpoint, train, dev, "--problem_type", "multi_label_classification",
-                         "--label_delimiter", "|", "--num_train_epochs", "8", "--threshold", "0.5", "--summary_type", "mean",
-                         "--learning_rate", "1e-2", "--per_device_train_batch_size", "8")
+                         "--label_delimiter", "|", "--num_train_epochs", "8", "--threshold", "0.5", "--summary_type",
+                         "mean", "--learning_rate", "1e-2", "--per_device_train_batch_size", "8")
     dev_scores = results["dev"]
     assert results["labels"] == ["food", "music", "sport", "weather"]
     # predicting every topic for every row scores micro F1 0.72 here (prevalence 0.57)
@@ -470,7 +470,7 @@ def test_saved_tokenizer_pads_and_pipeline_returns_label_names(classifier_folder
     tokenizer = AutoTokenizer.from_pretrained(classifier_folder)
     assert tokenizer.pad_token == "<eos>"
     batch = tokenizer(["goal w1 w2", "soup"], padding=True, return_tensors="pt")
-    assert batch["input_ids"].shape[0] == 2 and batch["attention_mask"].sum().item() == 5
+    assert batch["input_ids"].shape[0] == 2 and batch["attention_mask"].sum().item() == 6  # each text + <eos>
     collated = DataCollatorWithPadding(tokenizer)([tokenizer("goal w1 w2"), tokenizer("soup")])
     assert collated["input_ids"].shape == (2, 4)
     classifier = pipeline("text-classification", model=str(classifier_folder))
@@ -546,6 +546,7 @@ def test_resumed_from_a_checkpoint_trains_on_the_same_batches(tmp_path, lm_check
     assert sorted(continued) == [7, 8, 9, 10]
     for step in continued:
         assert continued[step] == pytest.approx(uninterrupted[step], rel=1e-6, abs=1e-7), step
+    assert second["dev"].pop("per_class_f1") == pytest.approx(first["dev"].pop("per_class_f1"), rel=1e-6)
     assert second["dev"] == pytest.approx(first["dev"], rel=1e-6)
     assert [h["step"] for h in second["history"]] == [5, 10] and second["train_steps"] == 10
     with pytest.raises(ValueError, match=r"output_dir=.* already holds an earlier run \(checkpoint-6, train_log.jsonl, "
@@ -626,7 +627,9 @@ def test_dev_scores_of_two_processes_are_those_of_the_whole_dev_set(tmp_path):
     one = evaluate_model(Accelerator(cpu=True), model, DataLoader(dev, batch_size=4, collate_fn=left_pad_collate(0)),
                          task)
     assert one["eval_loss"] == pytest.approx(by_hand, rel=1e-5)
+    per_class = one.pop("per_class_f1")
     for result in ranks:
+        assert result.pop("per_class_f1") == pytest.approx(per_class, rel=1e-5)
         assert result == pytest.approx(one, rel=1e-5)
 
 

@@ -17,7 +17,7 @@ BUILTIN_TASKS = ("builtin", "builtin-long")  # see finetuning.builtin_task
 class FinetuneArguments:
     """Everything a fine-tuning run needs."""
 
-    model_name_or_path: str = field(metadata={"help": "the pretrained folder (causal LM, permutation LM or classifier)"})
+    model_name_or_path: str = field(metadata={"help": "the pretrained folder (causal / permutation LM, classifier)"})
     output_dir: str = field(metadata={"help": "where the fine-tuned model, results, card and checkpoints go"})
     # data
     dataset_name: str | None = field(default=None, metadata={"help": "a Hub dataset (e.g. glue), or 'builtin' / "

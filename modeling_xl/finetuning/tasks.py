@@ -3,8 +3,8 @@ the metrics (offline `evaluate` modules of `modeling_xl/metrics`) and the fields
 
 | problem type | loss (per example) | predictions | metrics |
 |---|---|---|---|
-| single_label_classification | cross-entropy | argmax | accuracy, macro F1, per-class F1 (binary: F1 of id 1) |
-| multi_label_classification | BCE with logits, mean over classes | sigmoid > threshold | micro / macro / per-class F1, subset accuracy |
+| single_label_classification | cross-entropy | argmax | accuracy, macro / per-class F1 (2 classes: F1 of id 1) |
+| multi_label_classification | BCE, mean over classes | sigmoid > threshold | micro / macro / per-class F1, subset accuracy |
 | regression | squared error | the output | MSE, Pearson, Spearman |
 
 The mean of the per-example losses is the model's own loss (transformers' conventions, `classification_loss`).
