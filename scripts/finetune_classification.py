@@ -20,7 +20,7 @@ import logging
 import sys
 
 from modeling_xl.cli import dataclass_parser
-from modeling_xl.finetuning import FinetuneArguments, MetricError, dev_line, run_finetuning, task_for
+from modeling_xl.finetuning import FinetuneArguments, MetricError, dev_line, run_finetuning
 
 
 def main(argv=None) -> int:
@@ -31,10 +31,7 @@ def main(argv=None) -> int:
     except (ValueError, OSError, MetricError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    from modeling_xl.finetuning.labels import LabelSpace
-
-    task = task_for(LabelSpace(results["problem_type"], results["labels"], {}), args.threshold)
-    print(f"dev: {dev_line(task, results)}")
+    print(f"dev: {dev_line(results)}")
     return 0
 
 

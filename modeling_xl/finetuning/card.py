@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .arguments import RESULTS_FILE, FinetuneArguments, compare_results_path
-from .tasks import Task
+from .tasks import TASKS, Task
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "sequence_classification.md"
 
@@ -41,8 +41,9 @@ def save_records(args: FinetuneArguments, task: Task, results: dict, config) -> 
     classification_card(args, task, results, baseline, config).save(out / "README.md")
 
 
-def dev_line(task: Task, results: dict) -> str:
-    return (f"{task.summary(results['dev'])} after {results['train_steps']} steps ({results['train_seconds']:.0f} s, "
+def dev_line(results: dict) -> str:
+    """The dev scores, steps, time and examples of a run's results in one line."""
+    return (f"{TASKS[results['problem_type']].summary(results['dev'])} after {results['train_steps']} steps ({results['train_seconds']:.0f} s, "
             f"{math.floor(results['train_examples_seen'])} examples)")
 
 
@@ -73,7 +74,7 @@ def classification_card(args: FinetuneArguments, task: Task, results: dict, base
         architecture=f"{config.n_layer} layers, d_model {config.d_model}, {config.n_head} heads, attn_type "
                      f"{config.attn_type}", columns=columns, results=rows, hyperparameters=hyperparameters,
         num_dev=results["num_dev_examples"], num_train=results["num_train_examples"], hardware=hardware,
-        dev_line=dev_line(task, results), long_document=args.long_document, segment_len=args.max_length)
+        dev_line=dev_line(results), long_document=args.long_document, segment_len=args.max_length)
 
 
 def _shown(value) -> str:

@@ -62,9 +62,10 @@ class Task(ABC):
     def metrics(self, predictions: torch.Tensor, references: torch.Tensor) -> dict:
         """See the table in the module docstring."""
 
-    def summary(self, dev: dict) -> str:
+    @classmethod
+    def summary(cls, dev: dict) -> str:
         """The dev scores in one line, headline metrics first."""
-        return ", ".join(f"{title} {dev[key]:.4f}" for key, _, title in self.card_metrics) + (
+        return ", ".join(f"{title} {dev[key]:.4f}" for key, _, title in cls.card_metrics) + (
             f", loss {dev['eval_loss']:.4f}")
 
 
