@@ -23,10 +23,11 @@ from pathlib import Path
 import yaml
 
 from ..cli import base_type, dataclass_parser, parse_bool
-from ..configuration_transformer_xl import PRESETS, RECIPES
+from ..configuration_transformer_xl import PRESETS
 from ..runs import LOG_FILE, check_model_source, choice, positive_int
 from .checkpointing import CHECKPOINTS
 from .feedback import PLOT_FILE
+from .recipes import RECIPES
 
 logger = logging.getLogger(__name__)
 
