@@ -22,3 +22,12 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         raise FileNotFoundError(f"shared data not found at {SHARED_DATA}; CI clones the repo with ../shared beside it")
     return SHARED_DATA
+
+
+@pytest.fixture
+def one_thread():
+    """Small models train faster on one thread than on two contended ones (the machine is shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from modeling_xl.runs import check_output_dir
 from modeling_xl.training import arguments as arguments_module
 from modeling_xl.training.accumulation import chunk_loss_weight, chunk_slices
 from modeling_xl.training.arguments import parse_args, processes_split
@@ -125,7 +126,7 @@ def test_unwritable_output_dir_is_reported(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     with pytest.raises(ValueError, match=r"output_dir=.* is not writable"):
-        arguments_module.check_output_dir(str(blocker / "out"))
+        check_output_dir(str(blocker / "out"), arguments_module.earlier_pretraining_run)
 
 
 def test_output_dir_check_leaves_other_processes_probes_alone(tmp_path):
@@ -134,7 +135,7 @@ def test_output_dir_check_leaves_other_processes_probes_alone(tmp_path):
     then reported the folder as not writable). The check leaves nothing behind."""
     other = tmp_path / ".write_test"  # the probe name every process used before
     other.write_text("another process's probe")
-    assert arguments_module.check_output_dir(str(tmp_path)) == tmp_path
+    assert check_output_dir(str(tmp_path), arguments_module.earlier_pretraining_run) == tmp_path
     assert other.read_text() == "another process's probe"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".write_test"]
 

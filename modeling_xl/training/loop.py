@@ -16,13 +16,13 @@ from typing import Callable
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 
-from .arguments import (PretrainArguments, check_output_dir, clear_run_records, earlier_pretraining_run,
-                        processes_split, save_resolved)
+from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run
+from .arguments import RUN_RECORDS, PretrainArguments, earlier_pretraining_run, processes_split, save_resolved
 from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
                             resolve_checkpoint, save_checkpoint)
 from .data import PretrainData, tokenizer_vocab_size
 from .engines import check_engine, describe_run, final_model, refuse_unsupported
-from .feedback import LOG_FILE, PLOT_FILE, Progress, StepLog, plot_losses, tracker_names
+from .feedback import PLOT_FILE, Progress, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
 from .objectives import objective_for
 from .output_guard import OutputDirLock, check_output_contents, is_launch_main_process
@@ -30,7 +30,6 @@ from .process_layout import PROCESS_KEYS, check_process_layout
 from .publishing import model_card, push_folder, save_card_keeping_sections, write_results
 from .shared_storage import check_shared_folder
 from .steps import NonFiniteLossError, train_step
-from .teardown import end_run
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +79,8 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
 def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     started = time.perf_counter()
     resuming = args.resume_from_checkpoint is not None
-    output_dir = check_output_dir(args.output_dir, resuming=resuming, overwrite=args.overwrite_output_dir)
+    output_dir = check_output_dir(args.output_dir, earlier_pretraining_run, resuming=resuming,
+                                  overwrite=args.overwrite_output_dir)
     check_output_contents(output_dir, args, holds_earlier_run=bool(earlier_pretraining_run(output_dir)))
     accelerator = make_accelerator(args)
     describe_run(accelerator, args)
@@ -117,7 +117,7 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     if accelerator.is_main_process:
         # only now, once every check has passed (bad input must not cost the old run), and only if there is one
         if args.overwrite_output_dir and earlier_pretraining_run(output_dir):
-            deleted = clear_run_records(output_dir)
+            deleted = clear_run_records(output_dir, RUN_RECORDS)
             if deleted:
                 logger.info("overwrite_output_dir: deleted %s of the earlier run in %s", ", ".join(deleted), output_dir)
         save_resolved(args, output_dir, {"resolved_batch": layout, "model_config": config.to_dict()})
