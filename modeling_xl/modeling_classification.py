@@ -25,7 +25,8 @@ from transformers.utils import ModelOutput
 
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
-from .modeling_transformer_xl import AUTO_MAP, TransformerXLModel, TransformerXLPreTrainedModel, complete_auto_map
+from .modeling_transformer_xl import (AUTO_MAP, TransformerXLModel, TransformerXLPreTrainedModel, complete_auto_map,
+                                      share_weight_files)
 
 # The Auto classes a saved classifier maps: its backbone and itself (a language-model head would not match its weights).
 CLASSIFICATION_AUTO_MAP = {
@@ -170,6 +171,7 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)  # not the causal LM's auto_map
+        share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
             complete_auto_map(save_directory, BIDIRECTIONAL_CLASSIFICATION_AUTO_MAP if self.config.attn_type == "bi"
                               else CLASSIFICATION_AUTO_MAP)

@@ -34,6 +34,7 @@ from .modeling_transformer_xl import (
     check_inputs,
     complete_auto_map,
     memory_like,
+    share_weight_files,
     update_memory,
 )
 from .precision import at_least_float32
@@ -124,6 +125,7 @@ class PermutationLMPreTrainedModel(TransformerXLPreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
+        share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
             complete_auto_map(save_directory, AUTO_MAP)
 

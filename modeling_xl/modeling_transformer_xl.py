@@ -209,6 +209,19 @@ def complete_auto_map(save_directory, auto_map: dict[str, str]) -> None:
         f.write("\n")
 
 
+def share_weight_files(save_directory) -> None:
+    """Give the `*.safetensors` files of a saved folder the permissions of its `config.json`: safetensors writes them
+    0600 (owner only) while every other file gets the process's default (0644 under the usual umask), so a folder
+    copied to a shared disk or served would show its config and code but not its weights."""
+    config = os.path.join(save_directory, "config.json")
+    if not os.path.exists(config):
+        return
+    mode = os.stat(config).st_mode & 0o777
+    for name in os.listdir(save_directory):
+        if name.endswith(".safetensors"):
+            os.chmod(os.path.join(save_directory, name), mode)
+
+
 # transformers 5's from_pretrained keyword arguments that say where and how to load, not what the model is: a legacy
 # checkpoint (converted here, on CPU) has no use for them. The rest, config fields and `config=`, apply to it too.
 LOADING_KWARGS = frozenset({
@@ -282,6 +295,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)
+        share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
             complete_auto_map(save_directory, AUTO_MAP)
 

