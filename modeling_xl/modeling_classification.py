@@ -23,20 +23,11 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
+from .auto_map import auto_map_for, complete_auto_map, share_weight_files
+from .backbones import backbone_class
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
-from .modeling_transformer_xl import (AUTO_MAP, TransformerXLModel, TransformerXLPreTrainedModel, complete_auto_map,
-                                      share_weight_files)
-
-# The Auto classes a saved classifier maps: its backbone and itself (a language-model head would not match its weights).
-CLASSIFICATION_AUTO_MAP = {
-    "AutoModel": AUTO_MAP["AutoModel"],
-    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
-}
-BIDIRECTIONAL_CLASSIFICATION_AUTO_MAP = {
-    "AutoModel": "modeling_permutation_lm.TransformerXLPermutationModel",
-    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
-}
+from .modeling_transformer_xl import TransformerXLPreTrainedModel
 
 
 @dataclass
@@ -139,15 +130,6 @@ class SequenceSummary(nn.Module):
         return self.last_dropout(self.activation(self.summary(pooled)))
 
 
-def backbone_for(config):
-    """The causal Transformer-XL backbone (`attn_type="uni"`) or the bidirectional XLNet-style one ("bi")."""
-    if config.attn_type == "uni":
-        return TransformerXLModel(config)
-    from .modeling_permutation_lm import TransformerXLPermutationModel
-
-    return TransformerXLPermutationModel(config)
-
-
 class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
     """Backbone + pooling (`config.summary_type`) + sequence summary + `logits_proj` [d -> num_labels]."""
 
@@ -156,25 +138,16 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
     def __init__(self, config: TransformerXLConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.transformer = backbone_for(config)
+        self.transformer = backbone_class(config)(config)
         self.sequence_summary = SequenceSummary(config)
         self.logits_proj = nn.Linear(config.d_model, config.num_labels)
         self.post_init()
-
-    @classmethod
-    def from_xlnet(cls, path_or_model, **config_overrides) -> "TransformerXLForSequenceClassification":
-        """Import a transformers `XLNetForSequenceClassification` (a model object or a saved folder): backbone and head
-        (an XLNet checkpoint without a head gets a newly initialised one, with a warning). See `xlnet_conversion`."""
-        from .xlnet_conversion import load_xlnet_into
-
-        return load_xlnet_into(cls, path_or_model, **config_overrides)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)  # not the causal LM's auto_map
         share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
-            complete_auto_map(save_directory, BIDIRECTIONAL_CLASSIFICATION_AUTO_MAP if self.config.attn_type == "bi"
-                              else CLASSIFICATION_AUTO_MAP)
+            complete_auto_map(save_directory, auto_map_for(self.config.attn_type, classifier=True))
 
     def encode(self, input_ids, attention_mask=None, mems=None, token_type_ids=None, inputs_embeds=None,
                output_attentions=None, output_hidden_states=None):

@@ -25,6 +25,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
 from .adaptive_softmax import TableGradient, table_gradient_for, tied_embedding, tied_output_logits
+from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
 from .modeling_transformer_xl import (
@@ -32,9 +33,7 @@ from .modeling_transformer_xl import (
     TransformerXLModelOutput,
     TransformerXLPreTrainedModel,
     check_inputs,
-    complete_auto_map,
     memory_like,
-    share_weight_files,
     update_memory,
 )
 from .precision import at_least_float32
@@ -111,23 +110,15 @@ class PermutationLMLayer(GradientCheckpointingLayer):
         return (out[:, : h.size(1)], out[:, h.size(1) :], probs) if content_output else (None, out, probs)
 
 
-# The Auto classes a saved permutation-LM folder maps (the causal classes' files are copied too, as imports, but their
-# weights would not match, so they are not listed; a classifier starts from the backbone with a new head).
-AUTO_MAP = {
-    "AutoModel": "modeling_permutation_lm.TransformerXLPermutationModel",
-    "AutoModelForPreTraining": "modeling_permutation_lm.TransformerXLForPermutationLM",
-    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
-}
-
-
 class PermutationLMPreTrainedModel(TransformerXLPreTrainedModel):
-    """Saves a remote-code `auto_map` naming the permutation-LM classes only."""
+    """Saves a remote-code `auto_map` naming the permutation-LM classes (the causal classes' files are copied too, as
+    imports, but their weights would not match, so they are not listed)."""
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
         share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
-            complete_auto_map(save_directory, AUTO_MAP)
+            complete_auto_map(save_directory, auto_map_for("bi"))
 
 
 class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
@@ -257,13 +248,6 @@ class TransformerXLForPermutationLM(PermutationLMPreTrainedModel):
 
     def set_output_embeddings(self, value):
         self.lm_head = value
-
-    @classmethod
-    def from_xlnet(cls, path_or_model, **config_overrides) -> "TransformerXLForPermutationLM":
-        """Import a transformers `XLNetLMHeadModel` (a model object or a saved folder); see `xlnet_conversion`."""
-        from .xlnet_conversion import load_xlnet_into
-
-        return load_xlnet_into(cls, path_or_model, **config_overrides)
 
     def forward(
         self,

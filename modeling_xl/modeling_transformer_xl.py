@@ -6,13 +6,12 @@ on the previous segment(s). It is passed in and returned, never kept inside the 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
@@ -24,6 +23,7 @@ from .adaptive_softmax import (
     resize_vocabulary,
     table_gradient_for,
 )
+from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout, relu_dropout
 from .inference_cache import enabled as cache_enabled
@@ -176,52 +176,6 @@ class TransformerXLLayer(GradientCheckpointingLayer):
         return self.ff(h), probs
 
 
-# Every Auto class whose model lives in the files `save_pretrained` copies for remote code. transformers lists only the
-# saved class; a complete map lets `AutoModel.from_pretrained(dir, trust_remote_code=True)` load a causal-LM folder.
-AUTO_MAP = {
-    "AutoModel": "modeling_transformer_xl.TransformerXLModel",
-    "AutoModelForCausalLM": "modeling_transformer_xl.TransformerXLForCausalLM",
-    # fine-tuning starts from a language model's folder: a new head on its backbone
-    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
-}
-
-
-def complete_auto_map(save_directory, auto_map: dict[str, str]) -> None:
-    """Add `auto_map` entries to a saved remote-code config.json, saving beside it the code of the sequence classifier
-    (which the language models' modules do not import) when the map names it; then every class whose module file is
-    in the folder is mapped."""
-    path = os.path.join(save_directory, "config.json")
-    with open(path, encoding="utf-8") as f:
-        config = json.load(f)
-    if "auto_map" not in config:
-        return
-    if any(reference.startswith("modeling_classification.") for reference in auto_map.values()):
-        from transformers.dynamic_module_utils import custom_object_save
-
-        from .modeling_classification import TransformerXLForSequenceClassification
-
-        custom_object_save(TransformerXLForSequenceClassification, save_directory)
-    for auto_class, reference in auto_map.items():
-        if os.path.exists(os.path.join(save_directory, reference.split(".")[0] + ".py")):
-            config["auto_map"].setdefault(auto_class, reference)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-        f.write("\n")
-
-
-def share_weight_files(save_directory) -> None:
-    """Give the `*.safetensors` files of a saved folder the permissions of its `config.json`: safetensors writes them
-    0600 (owner only) while every other file gets the process's default (0644 under the usual umask), so a folder
-    copied to a shared disk or served would show its config and code but not its weights."""
-    config = os.path.join(save_directory, "config.json")
-    if not os.path.exists(config):
-        return
-    mode = os.stat(config).st_mode & 0o777
-    for name in os.listdir(save_directory):
-        if name.endswith(".safetensors"):
-            os.chmod(os.path.join(save_directory, name), mode)
-
-
 # transformers 5's from_pretrained keyword arguments that say where and how to load, not what the model is: a legacy
 # checkpoint (converted here, on CPU) has no use for them. The rest, config fields and `config=`, apply to it too.
 LOADING_KWARGS = frozenset({
@@ -232,20 +186,6 @@ LOADING_KWARGS = frozenset({
     "experts_implementation", "generation_config", "gguf_file", "kernel_config", "key_mapping", "max_memory",
     "offload_buffers", "offload_folder", "output_loading_info", "quantization_config", "state_dict", "tp_plan",
     "tp_size", "tqdm_class", "use_kernels", "variant"})
-
-
-def _is_bidirectional(pretrained_model_name_or_path, kwargs) -> bool:
-    """Whether `from_pretrained`'s checkpoint (or its `config=` argument) is an `attn_type="bi"` model of ours."""
-    config = kwargs.get("config")
-    if isinstance(config, PreTrainedConfig):
-        return getattr(config, "attn_type", "uni") == "bi"
-    hub = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
-    try:
-        config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path,
-                                                          **{k: kwargs[k] for k in hub if k in kwargs})
-    except (OSError, ValueError):  # missing or unreadable: the regular loader reports it
-        return False
-    return config_dict.get("model_type") == TransformerXLConfig.model_type and config_dict.get("attn_type") == "bi"
 
 
 class TransformerXLPreTrainedModel(PreTrainedModel):
@@ -297,7 +237,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
         super().save_pretrained(save_directory, *args, **kwargs)
         share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
-            complete_auto_map(save_directory, AUTO_MAP)
+            complete_auto_map(save_directory, auto_map_for("uni"))
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True):
@@ -363,25 +303,6 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         self.layers = nn.ModuleList(TransformerXLLayer(config) for _ in range(config.n_layer))
         self._position_table = None  # (key, table): see position_embeddings
         self.post_init()
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """As in transformers; a bidirectional (`attn_type="bi"`) checkpoint loads as `TransformerXLPermutationModel`
-        (`AutoModel` maps the one config class to this class, so the backbone is picked here)."""
-        if cls is TransformerXLModel and _is_bidirectional(pretrained_model_name_or_path, kwargs):
-            from .modeling_permutation_lm import TransformerXLPermutationModel
-
-            return TransformerXLPermutationModel.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-
-    @classmethod
-    def _from_config(cls, config, **kwargs):
-        """`AutoModel.from_config`: the backbone of `config.attn_type`, as in `from_pretrained`."""
-        if cls is TransformerXLModel and getattr(config, "attn_type", "uni") == "bi":
-            from .modeling_permutation_lm import TransformerXLPermutationModel
-
-            return TransformerXLPermutationModel._from_config(config, **kwargs)
-        return super()._from_config(config, **kwargs)
 
     def get_input_embeddings(self):
         return self.word_emb

@@ -20,6 +20,7 @@ from modeling_xl import (
     TransformerXLForSequenceClassification,
 )
 from modeling_xl.modeling_classification import classification_loss, left_align, pool_hidden
+from modeling_xl.xlnet_conversion import from_xlnet
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -281,7 +282,7 @@ def test_xlnet_sequence_classification_logits_match_transformers():
     with torch.no_grad():
         for param in reference.parameters():  # larger than the default init, so every term matters
             param.normal_(0.0, 0.3)
-    ours = TransformerXLForSequenceClassification.from_xlnet(reference)
+    ours = from_xlnet(TransformerXLForSequenceClassification, reference)
     assert ours.config.attn_type == "bi" and ours.config.num_labels == 3
     x = torch.randint(5, 50, (3, 7))
     x[:, -1] = 3  # <cls> last

@@ -18,6 +18,7 @@ from modeling_xl.two_stream_attention import (
     segment_mismatch,
     segment_scores,
 )
+from modeling_xl.xlnet_conversion import from_xlnet
 
 from generated_corpora import wikitext_lines
 
@@ -95,7 +96,7 @@ def xlnet_pair(**xlnet_kwargs):
                          reuse_len=4, clamp_len=5, dropout=0.0, use_mems_eval=True, initializer_range=0.3,
                          **xlnet_kwargs)
     reference = XLNetLMHeadModel(config).eval()
-    return reference, TransformerXLForPermutationLM.from_xlnet(reference)
+    return reference, from_xlnet(TransformerXLForPermutationLM, reference)
 
 
 @pytest.mark.parametrize("bi_data", [False, True])
@@ -514,6 +515,8 @@ def test_auto_model_loads_the_bidirectional_backbone(head, tmp_path):
     assert type(AutoModel.from_config(model.config)) is TransformerXLPermutationModel
     with pytest.raises(ValueError, match="attn_type='bi'"):
         TransformerXLModel(model.config)
+    with pytest.raises(ValueError, match="attn_type='bi'"):  # AutoModel chooses the backbone (backbones.py)
+        TransformerXLModel.from_pretrained(tmp_path / "ckpt")
     if head == "classifier":  # remote code in a fresh process
         torch.save(x, tmp_path / "x.pt")
         (tmp_path / "load.py").write_text(BACKBONE_FROM_FOLDER)

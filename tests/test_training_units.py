@@ -12,7 +12,7 @@ from modeling_xl.training import arguments as arguments_module
 from modeling_xl.training.accumulation import chunk_loss_weight, chunk_slices
 from modeling_xl.training.arguments import parse_args, processes_split
 from modeling_xl.training.checkpointing import list_checkpoints, resolve_checkpoint, save_checkpoint
-from modeling_xl.training.evaluation import bits_per_character, perplexity, recurrence_settings
+from modeling_xl.stream_scoring import bits_per_character, perplexity, recurrence_settings
 from modeling_xl.training.publishing import HubUploadError, push_folder, upload_file_list
 from modeling_xl.training.data import data_from_tokens
 

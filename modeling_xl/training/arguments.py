@@ -24,9 +24,10 @@ from pathlib import Path
 
 import yaml
 
-from ..configuration_transformer_xl import PRESETS, RECIPES
+from ..configuration_transformer_xl import PRESETS
 from .checkpointing import CHECKPOINTS
 from .feedback import LOG_FILE, PLOT_FILE
+from .recipes import RECIPES
 
 logger = logging.getLogger(__name__)
 
