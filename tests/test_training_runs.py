@@ -20,6 +20,8 @@ import torch
 
 from generated_corpora import play_text
 
+pytestmark = pytest.mark.slow  # several launches of 1 and 2 processes: `.ci/run` leaves them out of its second pass
+
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
