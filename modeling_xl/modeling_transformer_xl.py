@@ -1,7 +1,19 @@
 """Transformer-XL backbone and causal-LM head (Dai et al. 2019) for transformers 5.
 
-Layout: batch-first. Memory (`mems`) is a tuple with one tensor [B, M, d_model] per layer: the *input* of that layer
-on the previous segment(s). It is passed in and returned, never kept inside the model.
+Notation (batch-first everywhere): B batch, T segment length, M memory length, K = M + T keys, d d_model,
+H heads, D d_head, V vocabulary.
+
+One layer n (the summary equations at the end of Sec. 3.3), with SG the stop-gradient:
+    h~ = [SG(mem^{n-1}); h^{n-1}]                       memory and segment, [B, K, d]
+    q, k, v = h^{n-1} W_q, h~ W_k, h~ W_v               queries from the segment only
+    A = (q + u) k^T + rel_shift((q + v) (W_R R)^T)      `relative_attention.relative_attention`
+    a = LayerNorm(h^{n-1} + softmax(A / sqrt(D), causal mask) v W_o)
+    h^n = LayerNorm(a + FF(a))                          (pre-LN: the LayerNorms move in front of each sublayer)
+Why a memory: each segment attends to the previous segments' states without backpropagating into them, so the
+context grows with depth and evaluation reuses states instead of recomputing them (Sec. 3.2).
+Memory (`mems`) is a tuple with one tensor [B, M, d] per layer: the *input* of that layer on the previous segment(s),
+`update_memory`: cat(mem, h)[-mem_len:], detached. It is passed in and returned, never kept inside the model.
+The output is the adaptive softmax (`adaptive_softmax`, Grave et al. 2017) tied to the adaptive input.
 """
 
 from __future__ import annotations
@@ -324,7 +336,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         if use_cache and self._position_table is not None and self._position_table[0] == key:
             return self._position_table[1]
         pos = relative_positions(klen, clamp_len=self.config.clamp_len).to(device)
-        table = sinusoid_table(pos, self.config.d_model).to(dtype)
+        table = sinusoid_table(pos, self.config.d_model, dtype)  # float64 model: float64 table
         if use_cache:
             self._position_table = (key, table)
         return table
@@ -412,6 +424,14 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
 
     def get_output_embeddings(self):
         return None  # the adaptive softmax has no single output matrix; tying is declared in `_tied_weights_keys`
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        """What transformers ties, saves once and loads: `tied_weight_map` of the current config. transformers ties
+        nothing when `tie_word_embeddings` is False; the projections follow `tie_projs` alone, as in the authors'
+        code and the legacy model."""
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        return tied_weight_map(self.config)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -530,11 +550,14 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
 
 
 def tied_weight_map(config) -> dict[str, str]:
-    """{output parameter: input parameter} pairs tied as in the paper's code (weights per cluster, projections by
-    `tie_projs`; with div_val == 1 every tied output projection shares the single input projection)."""
+    """{output parameter: input parameter} pairs tied as in the authors' code: the weights per cluster when
+    `tie_word_embeddings`, the projections by `tie_projs` alone (whatever `tie_word_embeddings` says; with
+    div_val == 1 every tied output projection shares the single input projection)."""
     emb, out = "transformer.word_emb", "lm_head"
     n_tables = 1 if config.div_val == 1 else len(config.cutoffs) + 1
-    tied = {f"{out}.out_layers.{i}.weight": f"{emb}.emb_layers.{i}.weight" for i in range(n_tables)}
+    tied = {}
+    if config.tie_word_embeddings:
+        tied = {f"{out}.out_layers.{i}.weight": f"{emb}.emb_layers.{i}.weight" for i in range(n_tables)}
     if needs_projections(config):
         for i, tie in enumerate(config.tie_projs):
             if tie:
