@@ -23,7 +23,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .auto_map import auto_map_for, complete_auto_map
+from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .backbones import backbone_class
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
@@ -145,6 +145,7 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)  # not the causal LM's auto_map
+        share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
             complete_auto_map(save_directory, auto_map_for(self.config.attn_type, classifier=True))
 

@@ -35,7 +35,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
 from .adaptive_softmax import TableGradient, table_gradient_for, tied_embedding, tied_output_logits
-from .auto_map import auto_map_for, complete_auto_map
+from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
 from .modeling_transformer_xl import (
@@ -129,6 +129,7 @@ class PermutationLMPreTrainedModel(TransformerXLPreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
+        share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
             complete_auto_map(save_directory, auto_map_for("bi"))
 

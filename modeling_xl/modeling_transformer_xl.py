@@ -35,7 +35,7 @@ from .adaptive_softmax import (
     resize_vocabulary,
     table_gradient_for,
 )
-from .auto_map import auto_map_for, complete_auto_map
+from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout, relu_dropout
 from .inference_cache import ProjectionCache
@@ -276,6 +276,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)
+        share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
             complete_auto_map(save_directory, auto_map_for("uni"))
 

@@ -1,4 +1,5 @@
-"""End-to-end training runs on the `debug` preset and a 30k-character slice of tinyshakespeare.
+"""End-to-end training runs on the `debug` preset and a generated 30k-character play
+(tests/generated_corpora.py).
 
 Runs go through `run_pretraining` with a character-level tokenizer built here (data_builder), so they test the
 training loop itself: 2 processes over gloo vs 1 process, resume after SIGKILL, gradient accumulation, the NaN guard,
@@ -16,6 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from generated_corpora import play_text
+
+pytestmark = pytest.mark.slow  # several launches of 1 and 2 processes: `.ci/run` leaves them out of its second pass
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -47,7 +52,7 @@ DRIVER = textwrap.dedent('''
         split = int(len(ids) * 0.9)
         data = data_from_tokens(tokenizer, ids[:split], ids[split:], num_streams=per_process * world,
                                 tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
-                                process_index=rank, info={"char_level": True, "dataset_name": "tinyshakespeare"})
+                                process_index=rank, info={"char_level": True, "dataset_name": "play"})
         if os.environ.get("RECORD_ROWS"):  # what this rank reads at each step
             original, seen = data.train.batch, {}
 
@@ -82,8 +87,7 @@ DROPOUT = ["--dropout", "0.1"]  # the resume test needs dropout: exact resume mu
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("training_runs")
-    data = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    (root / "corpus.txt").write_text(data.read_text()[:30_000])
+    (root / "corpus.txt").write_text(play_text(30_000)[:30_000])
     (root / "driver.py").write_text(DRIVER)
     return root
 

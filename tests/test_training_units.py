@@ -17,6 +17,8 @@ from modeling_xl.stream_scoring import bits_per_character, perplexity, recurrenc
 from modeling_xl.training.publishing import HubUploadError, push_folder, upload_file_list
 from modeling_xl.training.data import data_from_tokens
 
+from generated_corpora import write_wikitext_folder
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -368,15 +370,16 @@ def _card(tmp_path, argv, data_info):
                       data_info=data_info, wall_time_s=60.0, hardware="1 x cpu")
 
 
-def test_card_of_a_local_dataset_folder_names_it_without_its_path(tmp_path, shared_data):
+def test_card_of_a_local_dataset_folder_names_it_without_its_path(tmp_path):
     from modeling_xl.training.corpus import describe
 
-    folder = str(shared_data / "wikitext-2") + "/"
+    data_root = tmp_path / "data"
+    folder = str(write_wikitext_folder(data_root / "wikitext-2", train_lines=20)) + "/"
     args = parse_args(["--preset", "debug", "--dataset_name", folder])
     info = describe(args, folder, _Tokenizer(), {"train": np.zeros(10), "validation": np.zeros(5)})
     assert info["dataset_name"] == "wikitext-2" and info["hub_dataset"] is None
     card = _card(tmp_path, ["--dataset_name", folder], info)
-    assert card.data.datasets is None and str(shared_data) not in str(card)
+    assert card.data.datasets is None and str(data_root) not in str(card)
     assert card.data.eval_results[0].dataset_type == "wikitext-2"
     hub = describe(parse_args(["--dataset_name", "someone/corpus"]), "someone/corpus", _Tokenizer(),
                    {"train": np.zeros(10), "validation": np.zeros(5)})

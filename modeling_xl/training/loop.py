@@ -237,7 +237,7 @@ def finish(accelerator, args, model, data, state, results, global_batch: int, wa
             "train_batch_size": global_batch, **({"start": start} if start else {})}
     hardware = f"{accelerator.num_processes} x {accelerator.device.type} ({platform.processor() or platform.machine()})"
     card = model_card(out, repo_id=repo_id, args=args, results=results, data_info=info, wall_time_s=wall_time_s,
-                      hardware=hardware)
+                      hardware=hardware, usage_path=args.hub_model_id or out)
     carried = save_card_keeping_sections(card, f"{out}/README.md")
     if carried:
         logger.info("model card: kept the section(s) %s of the earlier card, marked as measured on earlier weights",
