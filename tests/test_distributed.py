@@ -104,8 +104,9 @@ CHECKPOINT = ["--checkpointing_steps", "10"]
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("distributed")
-    data = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    (root / "corpus.txt").write_text(data.read_text()[:20_000])
+    from generated_corpora import play_text
+
+    (root / "corpus.txt").write_text(play_text(20_000))  # a play-like text made here: no ../shared needed
     (root / "driver.py").write_text(DRIVER)
     return root
 
