@@ -315,6 +315,12 @@ class AdaptiveEmbedding(nn.Module):
             projs = [Projection(config.d_model, d) for d in dims]
         self.emb_projs = nn.ModuleList(projs)
 
+    @property
+    def weight(self) -> nn.Parameter:
+        """The head cluster's table. With tied weights it is the softmax's `weight` (the same Parameter): that is how
+        Accelerate's FSDP2 sees the tie and puts embedding and softmax in one unit (`get_output_embeddings`)."""
+        return self.emb_layers[0].weight
+
     def forward(self, input_ids: torch.Tensor, table_gradient: TableGradient | None = None) -> torch.Tensor:
         """`table_gradient`: see `TableGradient` (div_val == 1 only; the softmax shares this table)."""
         if self.div_val == 1:
@@ -358,6 +364,11 @@ class AdaptiveLogSoftmax(nn.Module):
         if self.n_clusters:
             self.cluster_weight = nn.Parameter(torch.zeros(self.n_clusters, config.d_embed))
             self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters))
+
+    @property
+    def weight(self) -> nn.Parameter:
+        """The head cluster's table (the embedding's `weight` when tied; see `AdaptiveEmbedding.weight`)."""
+        return self.out_layers[0].weight
 
     def cluster_weights(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(weight, bias) of every cluster. With one shared table the clusters are `split` from it, not sliced: the
@@ -426,6 +437,32 @@ class AdaptiveLogSoftmax(nn.Module):
             local = targets[idx] - self.bounds[i][0]
             logprob = logprob.index_add(0, idx, gathered_log_softmax(logits[i], local, consume=True))
         return torch.where(valid, -logprob, 0.0)
+
+    def argmax_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities [N, V] (float32) as `forward(hidden)` gives them, except that tail clusters which cannot
+        hold any row's most likely token are -inf: what greedy decoding needs, at a fraction of the cost.
+
+        A tail token's log-probability is log P(cluster) + log P(token | cluster) <= log P(cluster). Clusters are
+        visited in id order; once every row has a token at least as likely as a cluster (ties go to the lower id, as
+        `argmax` does), none of that cluster's tokens can be a row's argmax and its logits are not computed. A
+        trained model's greedy choice is mostly a frequent (shortlist) word, so a step multiplies by the head's
+        `shortlist + n_clusters` rows instead of the whole vocabulary's (33,278 x 256 -> 2,003 x 256 floats read
+        per token at the d_model 256 benchmark shape). Computed entries equal `forward`'s bit for bit (same
+        products on the same rows), so `argmax` picks the same token."""
+        weights = self.cluster_weights()
+        head_logprob = torch.log_softmax(self.cluster_logits(hidden, 0, weights), dim=-1)
+        parts = [head_logprob[:, : self.shortlist]]
+        best = parts[0].max(dim=-1).values  # [N] the best log-probability found so far in each row
+        for i in range(1, self.n_clusters + 1):
+            cluster_logprob = head_logprob[:, self.shortlist + i - 1]
+            if bool((cluster_logprob > best).any()):
+                part = cluster_logprob[:, None] + torch.log_softmax(self.cluster_logits(hidden, i, weights), dim=-1)
+                best = torch.maximum(best, part.max(dim=-1).values)
+            else:
+                lo, hi = self.bounds[i]
+                part = head_logprob.new_full((hidden.size(0), hi - lo), float("-inf"))
+            parts.append(part)
+        return torch.cat(parts, dim=-1)
 
     def _tail_starts(self, device) -> torch.Tensor:
         """First token id of every tail cluster, for `bucketize`."""

@@ -3,6 +3,7 @@
 transformers writes only the saved class into `config.json`'s `auto_map`; `complete_auto_map` adds the others whose
 weights the folder fits, so `AutoModel.from_pretrained(folder, trust_remote_code=True)` works on a language model's
 folder too. Classes are named as `"file.Class"` strings and files are copied by path: this module imports no model.
+`share_weight_files` gives the weights the permissions of the folder's other files.
 """
 
 from __future__ import annotations
@@ -63,3 +64,16 @@ def complete_auto_map(save_directory, auto_map: dict[str, str]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, sort_keys=True)
         f.write("\n")
+
+
+def share_weight_files(save_directory) -> None:
+    """Give the `*.safetensors` files of a saved folder the permissions of its `config.json`: safetensors writes them
+    0600 (owner only) while every other file gets the process's default (0644 under the usual umask), so a folder
+    copied to a shared disk or served would show its config and code but not its weights."""
+    config = os.path.join(save_directory, "config.json")
+    if not os.path.exists(config):
+        return
+    mode = os.stat(config).st_mode & 0o777
+    for name in os.listdir(save_directory):
+        if name.endswith(".safetensors"):
+            os.chmod(os.path.join(save_directory, name), mode)

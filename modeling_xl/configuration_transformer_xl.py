@@ -227,11 +227,19 @@ class TransformerXLConfig(PreTrainedConfig):
             raise ValueError(f"ff_activation={self.ff_activation!r} is invalid; expected 'relu' or 'gelu'")
 
 
+# the architecture fields a legacy config.json must give (everything else has the transformers-4.x default)
+LEGACY_REQUIRED = ("vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner")
+
+
 def convert_config(legacy: dict, **overrides) -> TransformerXLConfig:
     """Our config from a legacy config.json dict (rejects variants the paper's released models never used), with
     `overrides` (config fields, e.g. the evaluation's `mem_len` / `clamp_len`) applied and validated."""
     if legacy.get("model_type") != LEGACY_MODEL_TYPE:
         raise ValueError(f"model_type={legacy.get('model_type')!r}; expected {LEGACY_MODEL_TYPE!r}")
+    missing = [key for key in LEGACY_REQUIRED if key not in legacy]
+    if missing:
+        raise ValueError(f"the legacy Transformer-XL config.json has no {', '.join(missing)}; expected every "
+                         f"architecture field ({', '.join(LEGACY_REQUIRED)}) as transformers 4.x writes them")
     if legacy.get("attn_type", 0) != 0:
         raise ValueError(f"attn_type={legacy['attn_type']!r} is not supported; expected 0 (relative attention)")
     if legacy.get("sample_softmax", -1) > 0:

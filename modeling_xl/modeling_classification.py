@@ -23,7 +23,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .auto_map import auto_map_for, complete_auto_map
+from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .backbones import backbone_class
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
@@ -145,6 +145,7 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)  # not the causal LM's auto_map
+        share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
             complete_auto_map(save_directory, auto_map_for(self.config.attn_type, classifier=True))
 
@@ -175,11 +176,23 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        segment_len: int | None = None,
+        use_mems: bool | None = None,
         **kwargs,
     ) -> TransformerXLSequenceClassifierOutput | tuple:
         """`attention_mask` [B, T] (or [B, M+T] with memory) 1 = real token; `labels` [B] class ids, [B, C] 0/1
-        targets (multi label) or [B] / [B, 1] floats (regression, num_labels == 1)."""
+        targets (multi label) or [B] / [B, 1] floats (regression, num_labels == 1). With `segment_len`, the
+        documents are read `segment_len` tokens at a time with memory (`forward_long`), through the same call (so
+        a wrapper such as DDP sees it). `mems` come back with `use_mems=True` or when `mems` were passed in (as
+        XLNet's `use_mems`): a classification is usually one call, and per-layer memories in the output would be
+        split by row by transformers' pipelines."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        if segment_len is not None:
+            if mems is not None or token_type_ids is not None or input_ids is None:
+                raise ValueError("segment_len is set with mems, token_type_ids or without input_ids; expected "
+                                 "input_ids (and attention_mask, labels) only: forward_long builds its own memory")
+            out = self.forward_long(input_ids, attention_mask=attention_mask, labels=labels, segment_len=segment_len)
+            return out if return_dict else out.to_tuple()
         x = input_ids if input_ids is not None else inputs_embeds
         segment_mask = None
         if attention_mask is not None and x is not None:
@@ -200,9 +213,10 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
             if self.config.problem_type is None:
                 self.config.problem_type = infer_problem_type(self.num_labels, labels)
             loss = classification_loss(logits, labels, self.config.problem_type)
-        out = TransformerXLSequenceClassifierOutput(loss=loss, logits=logits, mems=outputs.mems,
-                                                    hidden_states=outputs.hidden_states,
-                                                    attentions=outputs.attentions)
+        keep_mems = use_mems if use_mems is not None else mems is not None
+        out = TransformerXLSequenceClassifierOutput(loss=loss, logits=logits,
+                                                    mems=outputs.mems if keep_mems else None,
+                                                    hidden_states=outputs.hidden_states, attentions=outputs.attentions)
         return out if return_dict else out.to_tuple()
 
     def forward_long(

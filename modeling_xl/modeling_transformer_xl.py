@@ -1,7 +1,19 @@
 """Transformer-XL backbone and causal-LM head (Dai et al. 2019) for transformers 5.
 
-Layout: batch-first. Memory (`mems`) is a tuple with one tensor [B, M, d_model] per layer: the *input* of that layer
-on the previous segment(s). It is passed in and returned, never kept inside the model.
+Notation (batch-first everywhere): B batch, T segment length, M memory length, K = M + T keys, d d_model,
+H heads, D d_head, V vocabulary.
+
+One layer n (the summary equations at the end of Sec. 3.3), with SG the stop-gradient:
+    h~ = [SG(mem^{n-1}); h^{n-1}]                       memory and segment, [B, K, d]
+    q, k, v = h^{n-1} W_q, h~ W_k, h~ W_v               queries from the segment only
+    A = (q + u) k^T + rel_shift((q + v) (W_R R)^T)      `relative_attention.relative_attention`
+    a = LayerNorm(h^{n-1} + softmax(A / sqrt(D), causal mask) v W_o)
+    h^n = LayerNorm(a + FF(a))                          (pre-LN: the LayerNorms move in front of each sublayer)
+Why a memory: each segment attends to the previous segments' states without backpropagating into them, so the
+context grows with depth and evaluation reuses states instead of recomputing them (Sec. 3.2).
+Memory (`mems`) is a tuple with one tensor [B, M, d] per layer: the *input* of that layer on the previous segment(s),
+`update_memory`: cat(mem, h)[-mem_len:], detached. It is passed in and returned, never kept inside the model.
+The output is the adaptive softmax (`adaptive_softmax`, Grave et al. 2017) tied to the adaptive input.
 """
 
 from __future__ import annotations
@@ -23,12 +35,14 @@ from .adaptive_softmax import (
     resize_vocabulary,
     table_gradient_for,
 )
-from .auto_map import auto_map_for, complete_auto_map
+from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout, relu_dropout
+from .inference_cache import ProjectionCache
 from .inference_cache import enabled as cache_enabled
 from .layer_norm import LayerNorm
 from .relative_attention import RelativeMultiHeadAttention, causal_mask, relative_positions, sinusoid_table
+from .size_estimate import check_model_fits
 
 
 @dataclass
@@ -108,8 +122,13 @@ def memory_like(mems: tuple[torch.Tensor, ...] | None, h: torch.Tensor) -> tuple
     return tuple(m.to(h.dtype) for m in mems)
 
 
-def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) -> tuple[int, int]:
-    """Validate the backbone inputs; returns (B, T). Errors name the argument, the value and what was expected."""
+def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems, dtype: torch.dtype | None = None,
+                 attention_mask: torch.Tensor | None = None) -> tuple[int, int]:
+    """Validate the backbone inputs; returns (B, T). Errors name the argument, the value and what was expected.
+
+    `dtype`: the model's; `inputs_embeds` must have it (no silent rounding). Memory of another floating dtype is
+    converted to the model's (`memory_like`: a float32 run's memory continues in bfloat16); integer memory, a `None`
+    entry and more positions than `config.mem_len` are errors. `attention_mask` holds 0/1 (or booleans)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("expected exactly one of input_ids and inputs_embeds")
     x = input_ids if input_ids is not None else inputs_embeds
@@ -119,6 +138,17 @@ def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) ->
     batch, length = x.shape[:2]
     if batch == 0 or length == 0:
         raise ValueError(f"input has shape {tuple(x.shape)}; expected a non-empty batch and sequence")
+    if inputs_embeds is not None:
+        if inputs_embeds.size(-1) != config.d_model:
+            raise ValueError(f"inputs_embeds has shape {tuple(inputs_embeds.shape)}; expected [batch, seq_len, "
+                             f"d_model={config.d_model}]")
+        if dtype is not None and inputs_embeds.dtype != dtype:
+            raise ValueError(f"inputs_embeds has dtype {inputs_embeds.dtype}; expected the model's dtype {dtype} "
+                             "(convert with inputs_embeds.to(model.dtype))")
+    if attention_mask is not None and attention_mask.numel() and not bool(
+            ((attention_mask == 0) | (attention_mask == 1)).all()):
+        values = sorted({float(v) for v in attention_mask.unique()[:6].tolist()})
+        raise ValueError(f"attention_mask holds {values}; expected 1 for real tokens and 0 for padding")
     if input_ids is not None:
         if input_ids.dtype not in (torch.long, torch.int):
             raise ValueError(f"input_ids has dtype {input_ids.dtype}; expected integer token ids (torch.long or "
@@ -130,6 +160,16 @@ def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) ->
     if mems is not None:
         if len(mems) != config.n_layer:
             raise ValueError(f"mems has {len(mems)} tensors; expected one per layer (n_layer={config.n_layer})")
+        for i, m in enumerate(mems):
+            if not isinstance(m, torch.Tensor):
+                raise ValueError(f"mems[{i}] is {type(m).__name__}; expected a tensor [batch, mem_len, d_model] per "
+                                 "layer (the mems a forward returned), or mems=None for no memory")
+            if not m.is_floating_point():
+                raise ValueError(f"mems[{i}] has dtype {m.dtype}; expected floating-point hidden states (the mems a "
+                                 "forward returned)")
+            if m.dim() == 3 and m.size(1) > config.mem_len:
+                raise ValueError(f"mems[{i}] holds {m.size(1)} positions; expected at most mem_len="
+                                 f"{config.mem_len} (set model.config.mem_len to use a longer memory)")
         mlen = mems[0].size(1) if mems[0].dim() == 3 else -1
         for i, m in enumerate(mems):
             if m.dim() != 3 or m.size(0) != batch or m.size(1) != mlen or m.size(2) != config.d_model:
@@ -200,6 +240,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: TransformerXLConfig, *inputs, **kwargs):
         config.validate_architecture()  # also what was set after the config was built (`config.mem_len = -5`)
+        check_model_fits(config)  # before any parameter is built: a config of 10**9 layers is refused by its estimate
         super().__init__(config, *inputs, **kwargs)
 
     @classmethod
@@ -235,6 +276,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)
+        share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
             complete_auto_map(save_directory, auto_map_for("uni"))
 
@@ -300,7 +342,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
             self.r_w_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
             self.r_r_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
         self.layers = nn.ModuleList(TransformerXLLayer(config) for _ in range(config.n_layer))
-        self._position_table = None  # (key, table): see position_embeddings
+        self._position_table = None  # (key, table, (klen, slice)): see position_embeddings
+        self._table_projections = [ProjectionCache() for _ in range(config.n_layer)]  # see offer_position_projections
         self.post_init()
 
     def get_input_embeddings(self):
@@ -312,21 +355,53 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
     def clear_inference_cache(self) -> None:
         """Drop what the layers keep for evaluation without gradients (see `forward`'s `use_cache`)."""
         self._position_table = None
+        for cache in self._table_projections:
+            cache.clear()
         for layer in self.layers:
             layer.attn.memory_cache.clear()
             layer.attn.position_cache.clear()
 
     def position_embeddings(self, klen: int, dtype: torch.dtype, device, use_cache: bool = False) -> torch.Tensor:
         """Sinusoid vectors of distances klen-1..0 (clamped), [K, d_model]. With `use_cache` the same table object is
-        returned for the same length, so that the layers can reuse their projections of it (inference_cache)."""
-        key = (klen, dtype, torch.device(device), self.config.clamp_len, self.config.d_model)
-        if use_cache and self._position_table is not None and self._position_table[0] == key:
-            return self._position_table[1]
-        pos = relative_positions(klen, clamp_len=self.config.clamp_len).to(device)
-        table = sinusoid_table(pos, self.config.d_model).to(dtype)
-        if use_cache:
-            self._position_table = (key, table)
+        returned for the same length, so that the layers can reuse their projections of it (inference_cache): the
+        last `klen` rows of one table of at least `mem_len + 1` rows (the length a one-token step reaches once the
+        memory is full), so that generation, whose key length grows by one per step until then, reads its table
+        from one place (`offer_position_projections`)."""
+        key = (dtype, torch.device(device), self.config.clamp_len, self.config.d_model)
+        kept = self._position_table if use_cache else None
+        if kept is None or kept[0] != key or kept[1].size(0) < klen:
+            length = max(klen, self.config.mem_len + 1) if use_cache else klen
+            pos = relative_positions(length, clamp_len=self.config.clamp_len).to(device)
+            kept = (key, sinusoid_table(pos, self.config.d_model, dtype), None)  # float64 model: float64 table
+            if not use_cache:
+                return kept[1]
+        full = kept[1]
+        if klen == full.size(0):
+            table = full
+        elif kept[2] is not None and kept[2][0] == klen:
+            table = kept[2][1]
+        else:  # distances klen-1..0 are the table's last rows (clamping is per distance)
+            table = full[-klen:]
+        self._position_table = (key, full, (klen, table))
         return table
+
+    def offer_position_projections(self, pos_emb: torch.Tensor) -> None:
+        """Without gradients, when `pos_emb` is a part of the kept position table (generation before the memory is
+        full): hand each layer's position cache its projection W_R R as the matching rows of the projection of the
+        whole table, computed once per layer and weights (kept in `_table_projections`), instead of letting every
+        step project its own K rows again (K x d_model x d_model per layer and step: at batch 1 ten times the rest
+        of a layer's products at the d_model 256, mem_len 128 benchmark shape). Rows of a product equal the product
+        of the rows up to float rounding, as for the memory's keys and values (`inference_cache`)."""
+        full = self._position_table[1] if self._position_table is not None else None
+        if full is None or pos_emb is full or pos_emb.data_ptr() + pos_emb.nbytes != full.data_ptr() + full.nbytes:
+            return
+        for layer, cache in zip(self.layers, self._table_projections):
+            weights = (layer.attn.r_net.weight,)
+            projected = cache.get(full, weights)
+            if projected is None:
+                projected = layer.attn.project_positions(full)  # [H, R, D]
+                cache.put(full, projected, weights)
+            layer.attn.position_cache.put(pos_emb, projected[:, -pos_emb.size(0):], weights)
 
     def forward(
         self,
@@ -356,7 +431,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = cfg.return_dict if return_dict is None else return_dict
-        batch, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems)
+        batch, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems, dtype=self.dtype, attention_mask=attention_mask)
         if attention_mask is not None and attention_mask.size(0) != batch:
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected [batch={batch}, "
                              f"seq_len={qlen}] or [batch={batch}, mem_len + seq_len]")
@@ -375,6 +450,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         if not cached and not torch.compiler.is_compiling():
             self.clear_inference_cache()  # use_cache=False or training: nothing evaluation kept stays alive
         pos_emb = self.drop(self.position_embeddings(mlen + qlen, h.dtype, h.device, use_cache=cached))
+        if cached:
+            self.offer_position_projections(pos_emb)
         h = self.drop(h)
         shared_bias = (None, None) if cfg.untie_r else (self.r_w_bias, self.r_r_bias)
 
@@ -410,7 +487,17 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         self.post_init()
 
     def get_output_embeddings(self):
-        return None  # the adaptive softmax has no single output matrix; tying is declared in `_tied_weights_keys`
+        """The adaptive softmax. Its `weight` is the head cluster's table, the input embedding's `weight` when tied, so
+        FSDP2 (Accelerate) keeps every tied table and projection in one unit; the tie itself is `_tied_weights_keys`."""
+        return self.lm_head
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        """What transformers ties, saves once and loads: `tied_weight_map` of the current config. transformers ties
+        nothing when `tie_word_embeddings` is False; the projections follow `tie_projs` alone, as in the authors'
+        code and the legacy model."""
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        return tied_weight_map(self.config)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -429,13 +516,16 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         use_cache: bool | None = None,
         attention_mask: torch.Tensor | None = None,
+        argmax_only: bool = False,
         **kwargs,
     ) -> TransformerXLCausalLMOutput | tuple:
         """`labels` [B, T] are shifted inside (position t predicts labels[:, t+1]); `next_token_labels` [B, T] are
         already aligned (position t predicts next_token_labels[:, t]; at a segment's last position that is the first
         token of the next segment). -100 is ignored. Without labels, `logits` holds log-probabilities of the last
         `logits_to_keep` positions (0: all). `attention_mask` (1 = real token, 0 = padding) [B, T] or [B, M+T] hides
-        padding keys, `use_cache`: see `TransformerXLModel.forward`."""
+        padding keys, `use_cache`: see `TransformerXLModel.forward`. `argmax_only` (set by greedy `generate`): the
+        log-probabilities are exact where a row's most likely token can be and -inf in the tail clusters that cannot
+        hold it (`AdaptiveLogSoftmax.argmax_log_probs`), so that their logits are not computed."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if labels is not None and next_token_labels is not None:
             raise ValueError("expected at most one of labels and next_token_labels, got both")
@@ -450,6 +540,9 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
             name, targets = ("labels", labels) if labels is not None else ("next_token_labels", next_token_labels)
             if tuple(targets.shape) != (batch, qlen):
                 raise ValueError(f"{name} has shape {tuple(targets.shape)}; expected [batch={batch}, seq_len={qlen}]")
+            if targets.is_floating_point() or targets.dtype == torch.bool or targets.is_complex():
+                raise ValueError(f"{name} has dtype {targets.dtype}; expected integer token ids (torch.long), -100 "
+                                 "where ignored")
             if labels is not None:
                 hidden, targets = hidden[:, :-1], labels[:, 1:]
             targets = targets.reshape(-1)
@@ -460,7 +553,8 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
             loss = losses.sum() / valid.sum().clamp(min=1)
         else:
             kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-            logits = self.lm_head(kept.reshape(-1, kept.size(-1))).view(batch, kept.size(1), -1)
+            head = self.lm_head.argmax_log_probs if argmax_only else self.lm_head
+            logits = head(kept.reshape(-1, kept.size(-1))).view(batch, kept.size(1), -1)
         out = TransformerXLCausalLMOutput(loss=loss, losses=losses, logits=logits, mems=outputs.mems,
                                           hidden_states=outputs.hidden_states, attentions=outputs.attentions)
         return out if return_dict else out.to_tuple()
@@ -507,10 +601,22 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
                 ones = attention_mask.new_ones(attention_mask.size(0), missing)
                 attention_mask = torch.cat([ones, attention_mask], 1)
             inputs["attention_mask"] = attention_mask[:, -(mlen + input_ids.size(1)):]
-        for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache"):
+        for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache", "argmax_only"):
             if kwargs.get(name) is not None:
                 inputs[name] = kwargs[name]
         return inputs
+
+    def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **model_kwargs):
+        """transformers' greedy/sampling loop; greedy decoding whose scores nothing else reads asks the forward for
+        `argmax_only` log-probabilities (tail clusters that cannot hold the best token are not computed), which
+        give the same tokens. Not with sampling, logits processors (they may lower the best token: repetition
+        penalty, bad words, ...), nor when scores or logits are returned."""
+        scores_returned = generation_config.return_dict_in_generate and (
+            generation_config.output_scores or generation_config.output_logits)
+        if not generation_config.do_sample and not logits_processor and not scores_returned:
+            model_kwargs["argmax_only"] = True
+        return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                               **model_kwargs)
 
     def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None,
                                       **model_kwargs):
@@ -529,11 +635,14 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
 
 
 def tied_weight_map(config) -> dict[str, str]:
-    """{output parameter: input parameter} pairs tied as in the paper's code (weights per cluster, projections by
-    `tie_projs`; with div_val == 1 every tied output projection shares the single input projection)."""
+    """{output parameter: input parameter} pairs tied as in the authors' code: the weights per cluster when
+    `tie_word_embeddings`, the projections by `tie_projs` alone (whatever `tie_word_embeddings` says; with
+    div_val == 1 every tied output projection shares the single input projection)."""
     emb, out = "transformer.word_emb", "lm_head"
     n_tables = 1 if config.div_val == 1 else len(config.cutoffs) + 1
-    tied = {f"{out}.out_layers.{i}.weight": f"{emb}.emb_layers.{i}.weight" for i in range(n_tables)}
+    tied = {}
+    if config.tie_word_embeddings:
+        tied = {f"{out}.out_layers.{i}.weight": f"{emb}.emb_layers.{i}.weight" for i in range(n_tables)}
     if needs_projections(config):
         for i, tie in enumerate(config.tie_projs):
             if tie:

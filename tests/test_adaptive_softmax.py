@@ -316,3 +316,30 @@ def test_tied_table_gradient_under_fsdp2(tmp_path, head):
     mp.spawn(_fsdp2_worker, args=(2, port, head, str(result)), nprocs=2)
     outcome = json.loads(result.read_text())
     assert outcome == {"wrong": [], "deferred": True}
+
+
+@pytest.mark.parametrize("div_val", [1, 2])
+@pytest.mark.parametrize("cluster_bias", [-6.0, 0.0, 6.0])
+def test_argmax_log_probs_equal_forward_where_computed_and_keep_the_argmax(div_val, cluster_bias):
+    """Greedy log-probs: every entry is forward's bit for bit or -inf, the argmax is forward's, and a cluster is
+    skipped only when its probability is at most each row's best token (unlikely tails are skipped, likely ones
+    computed)."""
+    cfg, _, crit = make(div_val=div_val)
+    with torch.no_grad():
+        crit.cluster_bias.fill_(cluster_bias)
+    h = torch.randn(9, 16)
+    with torch.no_grad():
+        full, fast = crit(h), crit.argmax_log_probs(h)
+    computed = torch.isfinite(fast)
+    assert torch.equal(fast[computed], full[computed])
+    assert torch.equal(fast.argmax(-1), full.argmax(-1))
+    assert not torch.isnan(fast).any() and computed[:, : crit.shortlist].all()
+    best = full.max(-1).values
+    for lo, hi in crit.bounds[1:]:
+        assert computed[:, lo:hi].all() or not computed[:, lo:hi].any()  # a cluster is skipped for every row or none
+        if not computed[:, lo:hi].any():
+            assert (full[:, lo:hi].logsumexp(-1) <= best + 1e-5).all()  # P(cluster) <= each row's best token
+    if cluster_bias < 0:
+        assert not computed[:, crit.shortlist:].any()  # every tail skipped
+    if cluster_bias > 0:
+        assert computed.all()
