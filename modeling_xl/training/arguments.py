@@ -314,7 +314,7 @@ def check_data_source(args: PretrainArguments) -> None:
         if not args.streaming:
             raise ValueError(f"num_train_tokens={args.num_train_tokens} is set without streaming=True; expected it "
                              "only with --streaming (other paths count the tokens they store)")
-        _positive("num_train_tokens", args.num_train_tokens)
+        positive_int("num_train_tokens", args.num_train_tokens)
     if args.token_cache_dir is not None and args.token_cache_dir.startswith("~"):
         raise ValueError(f"token_cache_dir={args.token_cache_dir!r} starts with '~', which is not expanded here; "
                          f"expected the full path ({os.path.expanduser(args.token_cache_dir)!r})")
