@@ -1,6 +1,6 @@
 """Permutation-LM training: our TransformerXLForPermutationLM vs transformers 5 `XLNetLMHeadModel`, same work.
 
-Same weights (an XLNetLMHeadModel is created with a seed and converted with `TransformerXLForPermutationLM.from_xlnet`),
+Same weights (an XLNetLMHeadModel is created with a seed and converted with `xlnet_conversion.from_xlnet`),
 same batches (WikiText-2 word ids laid out as `reuse ++ A <sep> B <sep> <cls>`, targets and permutations from the
 project's sampler `modeling_xl.data.plm_sampling.PLMCollator`: identical perm_mask / target_mapping / labels for both),
 memory carried on both sides (`mem_len`, `reuse_len`; XLNet with `use_mems_train=True`), float32, 2 threads.
@@ -107,11 +107,12 @@ def main(argv=None) -> dict:
     from transformers import XLNetConfig, XLNetLMHeadModel
 
     from modeling_xl.modeling_permutation_lm import TransformerXLForPermutationLM
+    from modeling_xl.xlnet_conversion import from_xlnet
 
     set_threads()
     torch.manual_seed(1234)
     xlnet = XLNetLMHeadModel(XLNetConfig(**XLNET)).train()
-    ours = TransformerXLForPermutationLM.from_xlnet(xlnet).train()
+    ours = from_xlnet(TransformerXLForPermutationLM, xlnet).train()
     batches = plm_batches(8, XLNET["vocab_size"])
     sides = {
         "ours": (ours, step_ours, {"i": 0, "opt": torch.optim.Adam(ours.parameters(), lr=1e-4, fused=True)}),

@@ -33,9 +33,8 @@ def load_model(args):
     from modeling_xl import TransformerXLForCausalLM
 
     model = TransformerXLForCausalLM.from_pretrained(args["model_dir"])
-    if args.get("attn") == "eager":
-        for layer in model.transformer.layers:
-            layer.attn.use_sdpa = False
+    if args.get("attn") == "eager":  # the reference attention (relative_attention.attention_implementation)
+        model.set_attn_implementation("eager")
     if args.get("checkpointing"):
         from modeling_xl.training.models import enable_checkpointing
 

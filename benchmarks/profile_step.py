@@ -51,10 +51,12 @@ def plm_steps(impl: str, n_steps: int):
     from transformers import XLNetConfig, XLNetLMHeadModel
 
     from modeling_xl.modeling_permutation_lm import TransformerXLForPermutationLM
+    from modeling_xl.xlnet_conversion import from_xlnet
 
     torch.manual_seed(1234)
     xlnet = XLNetLMHeadModel(XLNetConfig(**XLNET)).train()
-    sides = {"ours": (TransformerXLForPermutationLM.from_xlnet(xlnet).train(), step_ours), "xlnet": (xlnet, step_xlnet)}
+    ours = from_xlnet(TransformerXLForPermutationLM, xlnet).train()
+    sides = {"ours": (ours, step_ours), "xlnet": (xlnet, step_xlnet)}
     batches = plm_batches(n_steps + 2, XLNET["vocab_size"])
     states = {name: {"i": 0, "opt": torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)}
               for name, (model, _) in sides.items()}

@@ -11,8 +11,8 @@ from transformers import (
     AutoModelForSequenceClassification,
 )
 
-from .configuration_transformer_xl import PRESETS, RECIPES, TransformerXLConfig
-from .legacy_conversion import LegacyTransfoXLConfig
+from .backbones import TransformerXLAnyBackbone
+from .configuration_transformer_xl import PRESETS, LegacyTransfoXLConfig, TransformerXLConfig
 from .modeling_classification import TransformerXLForSequenceClassification, TransformerXLSequenceClassifierOutput
 from .modeling_transformer_xl import (
     TransformerXLCausalLMOutput,
@@ -30,7 +30,8 @@ from .modeling_permutation_lm import (
 AutoConfig.register(TransformerXLConfig.model_type, TransformerXLConfig, exist_ok=True)
 # Legacy transformers-4.x Transformer-XL folders (model_type "transfo-xl"): converted on load by the Auto classes too.
 AutoConfig.register(LegacyTransfoXLConfig.model_type, LegacyTransfoXLConfig, exist_ok=True)
-AutoModel.register(TransformerXLConfig, TransformerXLModel, exist_ok=True)
+# one config class for both backbones: AutoModel builds the one of the config's attn_type (`backbones.backbone_class`)
+AutoModel.register(TransformerXLConfig, TransformerXLAnyBackbone, exist_ok=True)
 AutoModelForCausalLM.register(TransformerXLConfig, TransformerXLForCausalLM, exist_ok=True)
 # XLNet-style pretraining head (transformers maps XLNetLMHeadModel to AutoModelForPreTraining too).
 AutoModelForPreTraining.register(TransformerXLConfig, TransformerXLForPermutationLM, exist_ok=True)
@@ -45,7 +46,6 @@ TransformerXLForSequenceClassification.register_for_auto_class("AutoModelForSequ
 
 __all__ = [
     "PRESETS",
-    "RECIPES",
     "TransformerXLConfig",
     "TransformerXLModel",
     "TransformerXLForCausalLM",
@@ -58,3 +58,13 @@ __all__ = [
     "TransformerXLForPermutationLM",
     "TransformerXLPermutationLMOutput",
 ]
+
+
+def __getattr__(name):
+    """`modeling_xl.RECIPES`: the training recipes live in `modeling_xl.training.recipes` (they are read only by
+    training; saved model folders carry the configuration file, not them), imported on first use."""
+    if name == "RECIPES":
+        from .training.recipes import RECIPES
+
+        return RECIPES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

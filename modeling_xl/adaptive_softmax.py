@@ -315,6 +315,12 @@ class AdaptiveEmbedding(nn.Module):
             projs = [Projection(config.d_model, d) for d in dims]
         self.emb_projs = nn.ModuleList(projs)
 
+    @property
+    def weight(self) -> nn.Parameter:
+        """The head cluster's table. With tied weights it is the softmax's `weight` (the same Parameter): that is how
+        Accelerate's FSDP2 sees the tie and puts embedding and softmax in one unit (`get_output_embeddings`)."""
+        return self.emb_layers[0].weight
+
     def forward(self, input_ids: torch.Tensor, table_gradient: TableGradient | None = None) -> torch.Tensor:
         """`table_gradient`: see `TableGradient` (div_val == 1 only; the softmax shares this table)."""
         if self.div_val == 1:
@@ -358,6 +364,11 @@ class AdaptiveLogSoftmax(nn.Module):
         if self.n_clusters:
             self.cluster_weight = nn.Parameter(torch.zeros(self.n_clusters, config.d_embed))
             self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters))
+
+    @property
+    def weight(self) -> nn.Parameter:
+        """The head cluster's table (the embedding's `weight` when tied; see `AdaptiveEmbedding.weight`)."""
+        return self.out_layers[0].weight
 
     def cluster_weights(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(weight, bias) of every cluster. With one shared table the clusters are `split` from it, not sliced: the

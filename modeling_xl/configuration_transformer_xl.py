@@ -7,6 +7,9 @@ import numbers
 import numpy as np
 from transformers import PreTrainedConfig
 
+# model_type of the transformers-4.x Transformer-XL, which transformers 5 no longer knows
+LEGACY_MODEL_TYPE = "transfo-xl"
+
 # Paper hyperparameters (Dai et al. 2019, Table 1 and the released scripts). `train_*` and `eval_*` entries are the
 # segment/memory lengths the scripts use; the model itself only reads `mem_len`, `clamp_len` and `same_length`.
 PRESETS: dict[str, dict] = {
@@ -50,29 +53,6 @@ PRESETS: dict[str, dict] = {
         layer_norm_epsilon=1e-12,
     ),
 }
-
-# Training/evaluation recipe of each preset (batch, segment and memory lengths, schedule), used by the scripts.
-RECIPES: dict[str, dict] = {
-    "debug": dict(batch_size=4, tgt_len=8, mem_len=8, eval_tgt_len=8, eval_mem_len=16, eval_clamp_len=-1,
-                  learning_rate=1e-3, warmup_steps=0, max_steps=20),
-    "tiny": dict(batch_size=16, tgt_len=64, mem_len=64, eval_tgt_len=64, eval_mem_len=128, eval_clamp_len=-1,
-                 learning_rate=3e-3, warmup_steps=50, max_steps=1500),
-    "wt103-base": dict(batch_size=60, tgt_len=150, mem_len=150, eval_tgt_len=64, eval_mem_len=640, eval_clamp_len=400,
-                       learning_rate=2.5e-4, warmup_steps=0, max_steps=200_000),
-    "wt103-large": dict(batch_size=128, tgt_len=384, mem_len=384, eval_tgt_len=128, eval_mem_len=1600,
-                        eval_clamp_len=1000, learning_rate=2.5e-4, warmup_steps=16_000, max_steps=4_000_000),
-    "enwik8-base": dict(batch_size=22, tgt_len=512, mem_len=512, eval_tgt_len=80, eval_mem_len=2100,
-                        eval_clamp_len=820, learning_rate=2.5e-4, warmup_steps=0, max_steps=400_000),
-    "enwik8-large": dict(batch_size=64, tgt_len=768, mem_len=768, eval_tgt_len=128, eval_mem_len=3800,
-                         eval_clamp_len=1000, learning_rate=2.5e-4, warmup_steps=4_000, max_steps=400_000),
-    # XLNet-Large pretraining (Table 7: batch 8192, seq 512, mem 384, lr 4e-4, 40k warmup, 500k steps, linear decay);
-    # the paper gives no separate schedule for base, so it shares this one.
-    "xlnet-base": dict(batch_size=8192, tgt_len=512, mem_len=384, eval_tgt_len=512, eval_mem_len=384, eval_clamp_len=-1,
-                       learning_rate=4e-4, warmup_steps=40_000, max_steps=500_000),
-    "xlnet-large": dict(batch_size=8192, tgt_len=512, mem_len=384, eval_tgt_len=512, eval_mem_len=384,
-                        eval_clamp_len=-1, learning_rate=4e-4, warmup_steps=40_000, max_steps=500_000),
-}
-
 
 class TransformerXLConfig(PreTrainedConfig):
     r"""Hyperparameters of a Transformer-XL model (field names as in the paper's code and transformers 4.x).
@@ -166,12 +146,10 @@ class TransformerXLConfig(PreTrainedConfig):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """As in transformers, plus the config.json of a legacy transformers-4.x Transformer-XL checkpoint (model_type
-        "transfo-xl"), converted (`legacy_conversion.convert_config`) with the keyword arguments as overrides."""
+        "transfo-xl"), converted (`convert_config`) with the keyword arguments as overrides."""
         config_dict, unused = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
-        if config_dict.get("model_type") != "transfo-xl":
+        if config_dict.get("model_type") != LEGACY_MODEL_TYPE:
             return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
-        from .legacy_conversion import LegacyTransfoXLConfig
-
         return LegacyTransfoXLConfig.from_dict(config_dict, **unused)
 
     @classmethod
@@ -247,6 +225,67 @@ class TransformerXLConfig(PreTrainedConfig):
             raise ValueError(f"summary_type={self.summary_type!r} is invalid; expected 'last', 'first' or 'mean'")
         if self.ff_activation not in ("relu", "gelu"):
             raise ValueError(f"ff_activation={self.ff_activation!r} is invalid; expected 'relu' or 'gelu'")
+
+
+# the architecture fields a legacy config.json must give (everything else has the transformers-4.x default)
+LEGACY_REQUIRED = ("vocab_size", "d_model", "n_layer", "n_head", "d_head", "d_inner")
+
+
+def convert_config(legacy: dict, **overrides) -> TransformerXLConfig:
+    """Our config from a legacy config.json dict (rejects variants the paper's released models never used), with
+    `overrides` (config fields, e.g. the evaluation's `mem_len` / `clamp_len`) applied and validated."""
+    if legacy.get("model_type") != LEGACY_MODEL_TYPE:
+        raise ValueError(f"model_type={legacy.get('model_type')!r}; expected {LEGACY_MODEL_TYPE!r}")
+    missing = [key for key in LEGACY_REQUIRED if key not in legacy]
+    if missing:
+        raise ValueError(f"the legacy Transformer-XL config.json has no {', '.join(missing)}; expected every "
+                         f"architecture field ({', '.join(LEGACY_REQUIRED)}) as transformers 4.x writes them")
+    if legacy.get("attn_type", 0) != 0:
+        raise ValueError(f"attn_type={legacy['attn_type']!r} is not supported; expected 0 (relative attention)")
+    if legacy.get("sample_softmax", -1) > 0:
+        raise ValueError(f"sample_softmax={legacy['sample_softmax']!r} is not supported; expected -1")
+    cutoffs = list(legacy.get("cutoffs", []))
+    tie_projs = legacy.get("tie_projs")
+    if tie_projs is None:
+        tie_projs = [False] + [bool(legacy.get("proj_share_all_but_first", True))] * len(cutoffs)
+    fields = dict(
+        vocab_size=legacy["vocab_size"], d_model=legacy["d_model"], d_embed=legacy.get("d_embed", legacy["d_model"]),
+        n_layer=legacy["n_layer"], n_head=legacy["n_head"], d_head=legacy["d_head"], d_inner=legacy["d_inner"],
+        cutoffs=cutoffs, div_val=legacy.get("div_val", 1), tie_projs=list(tie_projs), adaptive=True,
+        pre_lnorm=legacy.get("pre_lnorm", False), untie_r=legacy.get("untie_r", True),
+        mem_len=legacy.get("mem_len", 0) or 0, clamp_len=legacy.get("clamp_len", -1),
+        same_length=legacy.get("same_length", False), dropout=legacy.get("dropout", 0.1),
+        dropatt=legacy.get("dropatt", 0.0), init_std=legacy.get("init_std", 0.02),
+        proj_init_std=legacy.get("proj_init_std", 0.01), layer_norm_epsilon=legacy.get("layer_norm_epsilon", 1e-5),
+        eos_token_id=legacy.get("eos_token_id", 0), tie_word_embeddings=legacy.get("tie_word_embeddings", True),
+    )
+    if fields["clamp_len"] < 0:
+        fields["clamp_len"] = -1
+    known = {*TransformerXLConfig().to_dict(), "num_labels"}  # num_labels: a PreTrainedConfig argument (id2label)
+    unknown = sorted(set(overrides) - set(fields) - known)
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not a TransformerXLConfig field; expected config fields as keyword "
+                         "arguments when loading a legacy Transformer-XL checkpoint")
+    return TransformerXLConfig(**{**fields, **overrides})
+
+
+class LegacyTransfoXLConfig(TransformerXLConfig):
+    """The reader of a legacy config.json (model_type "transfo-xl", which transformers 5 no longer knows) for
+    `AutoConfig` and the `AutoModel*` classes, registered on `import modeling_xl`. `from_dict` returns the converted
+    `TransformerXLConfig` (keyword arguments that are config fields override it), so the Auto classes pick this
+    package's models, whose `from_pretrained` converts the weights. No config of this class is ever built."""
+
+    model_type = LEGACY_MODEL_TYPE
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        return_unused = kwargs.pop("return_unused_kwargs", False)
+        for private in ("_from_auto", "_from_pipeline", "_commit_hash"):  # loading bookkeeping, as in transformers
+            kwargs.pop(private, None)
+        fields = {*TransformerXLConfig().to_dict(), "num_labels"}
+        overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in fields}
+        config = convert_config(config_dict, **overrides)
+        return (config, kwargs) if return_unused else config
 
 
 def _is_int(value) -> bool:

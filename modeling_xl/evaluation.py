@@ -16,7 +16,7 @@ import time
 import torch
 
 from .data.streams import EvalStreams
-from .training.evaluation import bits_per_character, perplexity, recurrence_settings, stream_nll
+from .stream_scoring import bits_per_character, perplexity, recurrence_settings, stream_nll
 
 
 def check_int(name: str, value, minimum: int = 1, allow_none: bool = False) -> None:

@@ -14,11 +14,11 @@ import re
 import torch
 from transformers.utils import logging
 
-from .configuration_transformer_xl import TransformerXLConfig
+# the config side of the conversion lives with the config (`TransformerXLConfig.from_pretrained` reads legacy folders)
+from .configuration_transformer_xl import (  # noqa: F401 (LegacyTransfoXLConfig: importable here as before)
+    LEGACY_MODEL_TYPE, LegacyTransfoXLConfig, TransformerXLConfig, convert_config)
 
 logger = logging.get_logger(__name__)
-
-LEGACY_MODEL_TYPE = "transfo-xl"
 
 # legacy name -> our name; `{}` stands for a layer or cluster number.
 KEY_MAP = {
@@ -60,59 +60,6 @@ def convert_key(legacy_key: str) -> str | None:
             return target.replace("{}", match.group(1)) if match.groups() else target
     raise ValueError(f"legacy checkpoint key {legacy_key!r} is not a known Transformer-XL weight; expected one of "
                      f"the patterns {sorted(KEY_MAP)}")
-
-
-def convert_config(legacy: dict, **overrides) -> TransformerXLConfig:
-    """Our config from a legacy config.json dict (rejects variants the paper's released models never used), with
-    `overrides` (config fields, e.g. the evaluation's `mem_len` / `clamp_len`) applied and validated."""
-    if legacy.get("model_type") != LEGACY_MODEL_TYPE:
-        raise ValueError(f"model_type={legacy.get('model_type')!r}; expected {LEGACY_MODEL_TYPE!r}")
-    if legacy.get("attn_type", 0) != 0:
-        raise ValueError(f"attn_type={legacy['attn_type']!r} is not supported; expected 0 (relative attention)")
-    if legacy.get("sample_softmax", -1) > 0:
-        raise ValueError(f"sample_softmax={legacy['sample_softmax']!r} is not supported; expected -1")
-    cutoffs = list(legacy.get("cutoffs", []))
-    tie_projs = legacy.get("tie_projs")
-    if tie_projs is None:
-        tie_projs = [False] + [bool(legacy.get("proj_share_all_but_first", True))] * len(cutoffs)
-    fields = dict(
-        vocab_size=legacy["vocab_size"], d_model=legacy["d_model"], d_embed=legacy.get("d_embed", legacy["d_model"]),
-        n_layer=legacy["n_layer"], n_head=legacy["n_head"], d_head=legacy["d_head"], d_inner=legacy["d_inner"],
-        cutoffs=cutoffs, div_val=legacy.get("div_val", 1), tie_projs=list(tie_projs), adaptive=True,
-        pre_lnorm=legacy.get("pre_lnorm", False), untie_r=legacy.get("untie_r", True),
-        mem_len=legacy.get("mem_len", 0) or 0, clamp_len=legacy.get("clamp_len", -1),
-        same_length=legacy.get("same_length", False), dropout=legacy.get("dropout", 0.1),
-        dropatt=legacy.get("dropatt", 0.0), init_std=legacy.get("init_std", 0.02),
-        proj_init_std=legacy.get("proj_init_std", 0.01), layer_norm_epsilon=legacy.get("layer_norm_epsilon", 1e-5),
-        eos_token_id=legacy.get("eos_token_id", 0), tie_word_embeddings=legacy.get("tie_word_embeddings", True),
-    )
-    if fields["clamp_len"] < 0:
-        fields["clamp_len"] = -1
-    known = {*TransformerXLConfig().to_dict(), "num_labels"}  # num_labels: a PreTrainedConfig argument (id2label)
-    unknown = sorted(set(overrides) - set(fields) - known)
-    if unknown:
-        raise ValueError(f"{', '.join(unknown)}: not a TransformerXLConfig field; expected config fields as keyword "
-                         "arguments when loading a legacy Transformer-XL checkpoint")
-    return TransformerXLConfig(**{**fields, **overrides})
-
-
-class LegacyTransfoXLConfig(TransformerXLConfig):
-    """The reader of a legacy config.json (model_type "transfo-xl", which transformers 5 no longer knows) for
-    `AutoConfig` and the `AutoModel*` classes, registered on `import modeling_xl`. `from_dict` returns the converted
-    `TransformerXLConfig` (keyword arguments that are config fields override it), so the Auto classes pick this
-    package's models, whose `from_pretrained` converts the weights. No config of this class is ever built."""
-
-    model_type = LEGACY_MODEL_TYPE
-
-    @classmethod
-    def from_dict(cls, config_dict: dict, **kwargs):
-        return_unused = kwargs.pop("return_unused_kwargs", False)
-        for private in ("_from_auto", "_from_pipeline", "_commit_hash"):  # loading bookkeeping, as in transformers
-            kwargs.pop(private, None)
-        fields = {*TransformerXLConfig().to_dict(), "num_labels"}
-        overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in fields}
-        config = convert_config(config_dict, **overrides)
-        return (config, kwargs) if return_unused else config
 
 
 def convert_state_dict(

@@ -23,19 +23,11 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
+from .auto_map import auto_map_for, complete_auto_map, share_weight_files
+from .backbones import backbone_class
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
-from .modeling_transformer_xl import AUTO_MAP, TransformerXLModel, TransformerXLPreTrainedModel, complete_auto_map
-
-# The Auto classes a saved classifier maps: its backbone and itself (a language-model head would not match its weights).
-CLASSIFICATION_AUTO_MAP = {
-    "AutoModel": AUTO_MAP["AutoModel"],
-    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
-}
-BIDIRECTIONAL_CLASSIFICATION_AUTO_MAP = {
-    "AutoModel": "modeling_permutation_lm.TransformerXLPermutationModel",
-    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
-}
+from .modeling_transformer_xl import TransformerXLPreTrainedModel
 
 
 @dataclass
@@ -138,15 +130,6 @@ class SequenceSummary(nn.Module):
         return self.last_dropout(self.activation(self.summary(pooled)))
 
 
-def backbone_for(config):
-    """The causal Transformer-XL backbone (`attn_type="uni"`) or the bidirectional XLNet-style one ("bi")."""
-    if config.attn_type == "uni":
-        return TransformerXLModel(config)
-    from .modeling_permutation_lm import TransformerXLPermutationModel
-
-    return TransformerXLPermutationModel(config)
-
-
 class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
     """Backbone + pooling (`config.summary_type`) + sequence summary + `logits_proj` [d -> num_labels]."""
 
@@ -155,24 +138,16 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
     def __init__(self, config: TransformerXLConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.transformer = backbone_for(config)
+        self.transformer = backbone_class(config)(config)
         self.sequence_summary = SequenceSummary(config)
         self.logits_proj = nn.Linear(config.d_model, config.num_labels)
         self.post_init()
 
-    @classmethod
-    def from_xlnet(cls, path_or_model, **config_overrides) -> "TransformerXLForSequenceClassification":
-        """Import a transformers `XLNetForSequenceClassification` (a model object or a saved folder): backbone and head
-        (an XLNet checkpoint without a head gets a newly initialised one, with a warning). See `xlnet_conversion`."""
-        from .xlnet_conversion import load_xlnet_into
-
-        return load_xlnet_into(cls, path_or_model, **config_overrides)
-
     def save_pretrained(self, save_directory, *args, **kwargs):
         PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)  # not the causal LM's auto_map
+        share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
-            complete_auto_map(save_directory, BIDIRECTIONAL_CLASSIFICATION_AUTO_MAP if self.config.attn_type == "bi"
-                              else CLASSIFICATION_AUTO_MAP)
+            complete_auto_map(save_directory, auto_map_for(self.config.attn_type, classifier=True))
 
     def encode(self, input_ids, attention_mask=None, mems=None, token_type_ids=None, inputs_embeds=None,
                output_attentions=None, output_hidden_states=None):
@@ -201,11 +176,23 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        segment_len: int | None = None,
+        use_mems: bool | None = None,
         **kwargs,
     ) -> TransformerXLSequenceClassifierOutput | tuple:
         """`attention_mask` [B, T] (or [B, M+T] with memory) 1 = real token; `labels` [B] class ids, [B, C] 0/1
-        targets (multi label) or [B] / [B, 1] floats (regression, num_labels == 1)."""
+        targets (multi label) or [B] / [B, 1] floats (regression, num_labels == 1). With `segment_len`, the
+        documents are read `segment_len` tokens at a time with memory (`forward_long`), through the same call (so
+        a wrapper such as DDP sees it). `mems` come back with `use_mems=True` or when `mems` were passed in (as
+        XLNet's `use_mems`): a classification is usually one call, and per-layer memories in the output would be
+        split by row by transformers' pipelines."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        if segment_len is not None:
+            if mems is not None or token_type_ids is not None or input_ids is None:
+                raise ValueError("segment_len is set with mems, token_type_ids or without input_ids; expected "
+                                 "input_ids (and attention_mask, labels) only: forward_long builds its own memory")
+            out = self.forward_long(input_ids, attention_mask=attention_mask, labels=labels, segment_len=segment_len)
+            return out if return_dict else out.to_tuple()
         x = input_ids if input_ids is not None else inputs_embeds
         segment_mask = None
         if attention_mask is not None and x is not None:
@@ -226,9 +213,10 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
             if self.config.problem_type is None:
                 self.config.problem_type = infer_problem_type(self.num_labels, labels)
             loss = classification_loss(logits, labels, self.config.problem_type)
-        out = TransformerXLSequenceClassifierOutput(loss=loss, logits=logits, mems=outputs.mems,
-                                                    hidden_states=outputs.hidden_states,
-                                                    attentions=outputs.attentions)
+        keep_mems = use_mems if use_mems is not None else mems is not None
+        out = TransformerXLSequenceClassifierOutput(loss=loss, logits=logits,
+                                                    mems=outputs.mems if keep_mems else None,
+                                                    hidden_states=outputs.hidden_states, attentions=outputs.attentions)
         return out if return_dict else out.to_tuple()
 
     def forward_long(

@@ -1,5 +1,15 @@
 """XLNet-style permutation language model on the Transformer-XL backbone (Yang et al. 2019).
 
+Notation (batch-first everywhere): B batch, T segment length, M memory length, K = M + T keys, P predictions per row
+(`num_predict`), d d_model, V vocabulary. The objective (Sec. 2.2, Eq. 3) maximises, over a factorization order z,
+    sum_t log p(x_{z_t} | x_{z_<t}),   p(x | ...) = softmax(e(x)^T g_{z_t})
+where the query stream g knows the position z_t but not the content x_{z_t} (Sec. 2.3, the two-stream update):
+    g^n_{z_t} = Attn(Q = g^{n-1}_{z_t}, KV = h^{n-1}_{z_<t})      query stream (cannot see itself)
+    h^n_{z_t} = Attn(Q = h^{n-1}_{z_t}, KV = h^{n-1}_{z_<=t})     content stream (sees itself)
+with Transformer-XL's relative positions and memory, and the relative segment term (Sec. 2.5); the attention itself
+is `two_stream_attention.two_stream_attention`. Why two streams: a target must be predicted from its position without
+seeing its own content, while it must show its content to the targets after it.
+
 Layout: batch-first. `perm_mask[b, i, j] = 1`: position i may NOT see the content of position j. `target_mapping[b, m]`
 is a one-hot row selecting the position of the m-th prediction (an all-zero row is padding). Memory (`mems`) is one
 tensor [B, M, d_model] per layer: that layer's content-stream input, `cat(mem, h[:, :reuse_len])[-mem_len:]`.
@@ -25,6 +35,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
 from .adaptive_softmax import TableGradient, table_gradient_for, tied_embedding, tied_output_logits
+from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
 from .modeling_transformer_xl import (
@@ -32,7 +43,6 @@ from .modeling_transformer_xl import (
     TransformerXLModelOutput,
     TransformerXLPreTrainedModel,
     check_inputs,
-    complete_auto_map,
     memory_like,
     update_memory,
 )
@@ -110,22 +120,18 @@ class PermutationLMLayer(GradientCheckpointingLayer):
         return (out[:, : h.size(1)], out[:, h.size(1) :], probs) if content_output else (None, out, probs)
 
 
-# The Auto classes a saved permutation-LM folder maps (the causal classes' files are copied too, as imports, but their
-# weights would not match, so they are not listed; a classifier starts from the backbone with a new head).
-AUTO_MAP = {
-    "AutoModel": "modeling_permutation_lm.TransformerXLPermutationModel",
-    "AutoModelForPreTraining": "modeling_permutation_lm.TransformerXLForPermutationLM",
-    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
-}
-
-
 class PermutationLMPreTrainedModel(TransformerXLPreTrainedModel):
-    """Saves a remote-code `auto_map` naming the permutation-LM classes only."""
+    """Saves a remote-code `auto_map` naming the permutation-LM classes (the causal classes' files are copied too, as
+    imports, but their weights would not match, so they are not listed). `_no_split_modules` names its layer class
+    (FSDP's transformer-layer auto-wrap puts one layer in each unit)."""
+
+    _no_split_modules = ["PermutationLMLayer"]
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
+        share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
-            complete_auto_map(save_directory, AUTO_MAP)
+            complete_auto_map(save_directory, auto_map_for("bi"))
 
 
 class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
@@ -166,7 +172,7 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
             pos = relative_positions(klen + 1, clamp_len=self.config.clamp_len)
         pos = pos.to(device)
         tables = torch.stack([pos, -pos]) if self.config.bi_data else pos[None]
-        return sinusoid_table(tables.flatten(), self.config.d_model).view(len(tables), len(pos), -1).to(dtype)
+        return sinusoid_table(tables.flatten(), self.config.d_model, dtype).view(len(tables), len(pos), -1)
 
     def streams(self, perm_mask, attention_mask, token_type_ids, target_mapping, batch, qlen, mlen, device):
         """The content `Stream` and, with `target_mapping`, the query `Stream` at the targets' positions."""
@@ -255,13 +261,6 @@ class TransformerXLForPermutationLM(PermutationLMPreTrainedModel):
 
     def set_output_embeddings(self, value):
         self.lm_head = value
-
-    @classmethod
-    def from_xlnet(cls, path_or_model, **config_overrides) -> "TransformerXLForPermutationLM":
-        """Import a transformers `XLNetLMHeadModel` (a model object or a saved folder); see `xlnet_conversion`."""
-        from .xlnet_conversion import load_xlnet_into
-
-        return load_xlnet_into(cls, path_or_model, **config_overrides)
 
     def forward(
         self,

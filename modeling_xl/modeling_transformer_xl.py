@@ -1,18 +1,29 @@
 """Transformer-XL backbone and causal-LM head (Dai et al. 2019) for transformers 5.
 
-Layout: batch-first. Memory (`mems`) is a tuple with one tensor [B, M, d_model] per layer: the *input* of that layer
-on the previous segment(s). It is passed in and returned, never kept inside the model.
+Notation (batch-first everywhere): B batch, T segment length, M memory length, K = M + T keys, d d_model,
+H heads, D d_head, V vocabulary.
+
+One layer n (the summary equations at the end of Sec. 3.3), with SG the stop-gradient:
+    h~ = [SG(mem^{n-1}); h^{n-1}]                       memory and segment, [B, K, d]
+    q, k, v = h^{n-1} W_q, h~ W_k, h~ W_v               queries from the segment only
+    A = (q + u) k^T + rel_shift((q + v) (W_R R)^T)      `relative_attention.relative_attention`
+    a = LayerNorm(h^{n-1} + softmax(A / sqrt(D), causal mask) v W_o)
+    h^n = LayerNorm(a + FF(a))                          (pre-LN: the LayerNorms move in front of each sublayer)
+Why a memory: each segment attends to the previous segments' states without backpropagating into them, so the
+context grows with depth and evaluation reuses states instead of recomputing them (Sec. 3.2).
+Memory (`mems`) is a tuple with one tensor [B, M, d] per layer: the *input* of that layer on the previous segment(s),
+`update_memory`: cat(mem, h)[-mem_len:], detached. It is passed in and returned, never kept inside the model.
+The output is the adaptive softmax (`adaptive_softmax`, Grave et al. 2017) tied to the adaptive input.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
@@ -24,12 +35,14 @@ from .adaptive_softmax import (
     resize_vocabulary,
     table_gradient_for,
 )
+from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout, relu_dropout
 from .inference_cache import ProjectionCache
 from .inference_cache import enabled as cache_enabled
 from .layer_norm import LayerNorm
 from .relative_attention import RelativeMultiHeadAttention, causal_mask, relative_positions, sinusoid_table
+from .size_estimate import check_model_fits
 
 
 @dataclass
@@ -109,8 +122,13 @@ def memory_like(mems: tuple[torch.Tensor, ...] | None, h: torch.Tensor) -> tuple
     return tuple(m.to(h.dtype) for m in mems)
 
 
-def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) -> tuple[int, int]:
-    """Validate the backbone inputs; returns (B, T). Errors name the argument, the value and what was expected."""
+def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems, dtype: torch.dtype | None = None,
+                 attention_mask: torch.Tensor | None = None) -> tuple[int, int]:
+    """Validate the backbone inputs; returns (B, T). Errors name the argument, the value and what was expected.
+
+    `dtype`: the model's; `inputs_embeds` must have it (no silent rounding). Memory of another floating dtype is
+    converted to the model's (`memory_like`: a float32 run's memory continues in bfloat16); integer memory, a `None`
+    entry and more positions than `config.mem_len` are errors. `attention_mask` holds 0/1 (or booleans)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("expected exactly one of input_ids and inputs_embeds")
     x = input_ids if input_ids is not None else inputs_embeds
@@ -120,6 +138,17 @@ def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) ->
     batch, length = x.shape[:2]
     if batch == 0 or length == 0:
         raise ValueError(f"input has shape {tuple(x.shape)}; expected a non-empty batch and sequence")
+    if inputs_embeds is not None:
+        if inputs_embeds.size(-1) != config.d_model:
+            raise ValueError(f"inputs_embeds has shape {tuple(inputs_embeds.shape)}; expected [batch, seq_len, "
+                             f"d_model={config.d_model}]")
+        if dtype is not None and inputs_embeds.dtype != dtype:
+            raise ValueError(f"inputs_embeds has dtype {inputs_embeds.dtype}; expected the model's dtype {dtype} "
+                             "(convert with inputs_embeds.to(model.dtype))")
+    if attention_mask is not None and attention_mask.numel() and not bool(
+            ((attention_mask == 0) | (attention_mask == 1)).all()):
+        values = sorted({float(v) for v in attention_mask.unique()[:6].tolist()})
+        raise ValueError(f"attention_mask holds {values}; expected 1 for real tokens and 0 for padding")
     if input_ids is not None:
         if input_ids.dtype not in (torch.long, torch.int):
             raise ValueError(f"input_ids has dtype {input_ids.dtype}; expected integer token ids (torch.long or "
@@ -131,6 +160,16 @@ def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems) ->
     if mems is not None:
         if len(mems) != config.n_layer:
             raise ValueError(f"mems has {len(mems)} tensors; expected one per layer (n_layer={config.n_layer})")
+        for i, m in enumerate(mems):
+            if not isinstance(m, torch.Tensor):
+                raise ValueError(f"mems[{i}] is {type(m).__name__}; expected a tensor [batch, mem_len, d_model] per "
+                                 "layer (the mems a forward returned), or mems=None for no memory")
+            if not m.is_floating_point():
+                raise ValueError(f"mems[{i}] has dtype {m.dtype}; expected floating-point hidden states (the mems a "
+                                 "forward returned)")
+            if m.dim() == 3 and m.size(1) > config.mem_len:
+                raise ValueError(f"mems[{i}] holds {m.size(1)} positions; expected at most mem_len="
+                                 f"{config.mem_len} (set model.config.mem_len to use a longer memory)")
         mlen = mems[0].size(1) if mems[0].dim() == 3 else -1
         for i, m in enumerate(mems):
             if m.dim() != 3 or m.size(0) != batch or m.size(1) != mlen or m.size(2) != config.d_model:
@@ -177,39 +216,6 @@ class TransformerXLLayer(GradientCheckpointingLayer):
         return self.ff(h), probs
 
 
-# Every Auto class whose model lives in the files `save_pretrained` copies for remote code. transformers lists only the
-# saved class; a complete map lets `AutoModel.from_pretrained(dir, trust_remote_code=True)` load a causal-LM folder.
-AUTO_MAP = {
-    "AutoModel": "modeling_transformer_xl.TransformerXLModel",
-    "AutoModelForCausalLM": "modeling_transformer_xl.TransformerXLForCausalLM",
-    # fine-tuning starts from a language model's folder: a new head on its backbone
-    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
-}
-
-
-def complete_auto_map(save_directory, auto_map: dict[str, str]) -> None:
-    """Add `auto_map` entries to a saved remote-code config.json, saving beside it the code of the sequence classifier
-    (which the language models' modules do not import) when the map names it; then every class whose module file is
-    in the folder is mapped."""
-    path = os.path.join(save_directory, "config.json")
-    with open(path, encoding="utf-8") as f:
-        config = json.load(f)
-    if "auto_map" not in config:
-        return
-    if any(reference.startswith("modeling_classification.") for reference in auto_map.values()):
-        from transformers.dynamic_module_utils import custom_object_save
-
-        from .modeling_classification import TransformerXLForSequenceClassification
-
-        custom_object_save(TransformerXLForSequenceClassification, save_directory)
-    for auto_class, reference in auto_map.items():
-        if os.path.exists(os.path.join(save_directory, reference.split(".")[0] + ".py")):
-            config["auto_map"].setdefault(auto_class, reference)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-        f.write("\n")
-
-
 # transformers 5's from_pretrained keyword arguments that say where and how to load, not what the model is: a legacy
 # checkpoint (converted here, on CPU) has no use for them. The rest, config fields and `config=`, apply to it too.
 LOADING_KWARGS = frozenset({
@@ -220,20 +226,6 @@ LOADING_KWARGS = frozenset({
     "experts_implementation", "generation_config", "gguf_file", "kernel_config", "key_mapping", "max_memory",
     "offload_buffers", "offload_folder", "output_loading_info", "quantization_config", "state_dict", "tp_plan",
     "tp_size", "tqdm_class", "use_kernels", "variant"})
-
-
-def _is_bidirectional(pretrained_model_name_or_path, kwargs) -> bool:
-    """Whether `from_pretrained`'s checkpoint (or its `config=` argument) is an `attn_type="bi"` model of ours."""
-    config = kwargs.get("config")
-    if isinstance(config, PreTrainedConfig):
-        return getattr(config, "attn_type", "uni") == "bi"
-    hub = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
-    try:
-        config_dict, _ = PreTrainedConfig.get_config_dict(pretrained_model_name_or_path,
-                                                          **{k: kwargs[k] for k in hub if k in kwargs})
-    except (OSError, ValueError):  # missing or unreadable: the regular loader reports it
-        return False
-    return config_dict.get("model_type") == TransformerXLConfig.model_type and config_dict.get("attn_type") == "bi"
 
 
 class TransformerXLPreTrainedModel(PreTrainedModel):
@@ -248,6 +240,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: TransformerXLConfig, *inputs, **kwargs):
         config.validate_architecture()  # also what was set after the config was built (`config.mem_len = -5`)
+        check_model_fits(config)  # before any parameter is built: a config of 10**9 layers is refused by its estimate
         super().__init__(config, *inputs, **kwargs)
 
     @classmethod
@@ -283,8 +276,9 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)
+        share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
-            complete_auto_map(save_directory, AUTO_MAP)
+            complete_auto_map(save_directory, auto_map_for("uni"))
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True):
@@ -352,25 +346,6 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         self._table_projections = [ProjectionCache() for _ in range(config.n_layer)]  # see offer_position_projections
         self.post_init()
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """As in transformers; a bidirectional (`attn_type="bi"`) checkpoint loads as `TransformerXLPermutationModel`
-        (`AutoModel` maps the one config class to this class, so the backbone is picked here)."""
-        if cls is TransformerXLModel and _is_bidirectional(pretrained_model_name_or_path, kwargs):
-            from .modeling_permutation_lm import TransformerXLPermutationModel
-
-            return TransformerXLPermutationModel.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-
-    @classmethod
-    def _from_config(cls, config, **kwargs):
-        """`AutoModel.from_config`: the backbone of `config.attn_type`, as in `from_pretrained`."""
-        if cls is TransformerXLModel and getattr(config, "attn_type", "uni") == "bi":
-            from .modeling_permutation_lm import TransformerXLPermutationModel
-
-            return TransformerXLPermutationModel._from_config(config, **kwargs)
-        return super()._from_config(config, **kwargs)
-
     def get_input_embeddings(self):
         return self.word_emb
 
@@ -397,7 +372,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         if kept is None or kept[0] != key or kept[1].size(0) < klen:
             length = max(klen, self.config.mem_len + 1) if use_cache else klen
             pos = relative_positions(length, clamp_len=self.config.clamp_len).to(device)
-            kept = (key, sinusoid_table(pos, self.config.d_model).to(dtype), None)
+            kept = (key, sinusoid_table(pos, self.config.d_model, dtype), None)  # float64 model: float64 table
             if not use_cache:
                 return kept[1]
         full = kept[1]
@@ -456,7 +431,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = cfg.return_dict if return_dict is None else return_dict
-        batch, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems)
+        batch, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems, dtype=self.dtype, attention_mask=attention_mask)
         if attention_mask is not None and attention_mask.size(0) != batch:
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected [batch={batch}, "
                              f"seq_len={qlen}] or [batch={batch}, mem_len + seq_len]")
@@ -512,7 +487,17 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         self.post_init()
 
     def get_output_embeddings(self):
-        return None  # the adaptive softmax has no single output matrix; tying is declared in `_tied_weights_keys`
+        """The adaptive softmax. Its `weight` is the head cluster's table, the input embedding's `weight` when tied, so
+        FSDP2 (Accelerate) keeps every tied table and projection in one unit; the tie itself is `_tied_weights_keys`."""
+        return self.lm_head
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        """What transformers ties, saves once and loads: `tied_weight_map` of the current config. transformers ties
+        nothing when `tie_word_embeddings` is False; the projections follow `tie_projs` alone, as in the authors'
+        code and the legacy model."""
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        return tied_weight_map(self.config)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -555,6 +540,9 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
             name, targets = ("labels", labels) if labels is not None else ("next_token_labels", next_token_labels)
             if tuple(targets.shape) != (batch, qlen):
                 raise ValueError(f"{name} has shape {tuple(targets.shape)}; expected [batch={batch}, seq_len={qlen}]")
+            if targets.is_floating_point() or targets.dtype == torch.bool or targets.is_complex():
+                raise ValueError(f"{name} has dtype {targets.dtype}; expected integer token ids (torch.long), -100 "
+                                 "where ignored")
             if labels is not None:
                 hidden, targets = hidden[:, :-1], labels[:, 1:]
             targets = targets.reshape(-1)
@@ -647,11 +635,14 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
 
 
 def tied_weight_map(config) -> dict[str, str]:
-    """{output parameter: input parameter} pairs tied as in the paper's code (weights per cluster, projections by
-    `tie_projs`; with div_val == 1 every tied output projection shares the single input projection)."""
+    """{output parameter: input parameter} pairs tied as in the authors' code: the weights per cluster when
+    `tie_word_embeddings`, the projections by `tie_projs` alone (whatever `tie_word_embeddings` says; with
+    div_val == 1 every tied output projection shares the single input projection)."""
     emb, out = "transformer.word_emb", "lm_head"
     n_tables = 1 if config.div_val == 1 else len(config.cutoffs) + 1
-    tied = {f"{out}.out_layers.{i}.weight": f"{emb}.emb_layers.{i}.weight" for i in range(n_tables)}
+    tied = {}
+    if config.tie_word_embeddings:
+        tied = {f"{out}.out_layers.{i}.weight": f"{emb}.emb_layers.{i}.weight" for i in range(n_tables)}
     if needs_projections(config):
         for i, tie in enumerate(config.tie_projs):
             if tie:

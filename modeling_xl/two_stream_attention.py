@@ -2,17 +2,20 @@
 
 Notation (batch-first everywhere):
     B batch, H heads, D d_head, d d_model, T segment length, M memory length, K = M + T key length,
-    P predictions (query-stream rows), R rows of the position table, S position tables (1, or 2 with bi_data).
+    P predictions (query-stream rows), R rows of the position table, S position tables (1, or 2 with bi_data),
+    u, v, s the content, position and segment biases (`r_w_bias`, `r_r_bias`, `r_s_bias`), [H, D] each.
 
 Both streams read their keys and values from the content stream `[mem; h]`:
     content stream  h_i <- Attn(query h_i, keys/values [mem; h] that i may see, itself included)
     query stream    g_m <- Attn(query g_m, keys/values [mem; h] that target z_m may see, never z_m itself)
 `g_m` stands at its target's position z_m: it uses z_m's relative distances, segment and mask row, but never z_m's
-content (g starts from a learned `mask_emb`). Score of a query at position i and key j (u, v, s = r_w_bias,
-r_r_bias, r_s_bias):
+content (g starts from a learned `mask_emb`). Score of a query at position i and key j:
     A_ij = (q_i + u) . k_j  +  (q_i + v) . W_R R_{i-j}  +  (q_i + s) . e[seg_i != seg_j]
-The last term is XLNet's relative segment encoding: only *whether* two tokens share a segment matters, and memory
-counts as segment 0. `TwoStreamAttention.attend_stream` computes one stream; `forward` calls it for both.
+           content "ac"        position "bd"               segment "ef"
+The last term is XLNet's relative segment encoding (Sec. 2.5): only *whether* two tokens share a segment matters, and
+memory counts as segment 0. `two_stream_attention` is the reference for one stream, one line per term;
+`TwoStreamAttention.attend_stream` runs it or the fast path (`relative_attention.attention_implementation` decides),
+and `forward` calls it for both streams.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fused_attention import FusedBiasedAttention, ShiftedPositionScores, position_product
 from .relative_attention import (
     RelativeMultiHeadAttention,
-    ShiftedPositionScores,
-    attend,
-    position_product,
+    attention_implementation,
+    masked_softmax_attention,
     rel_shift,
+    sdpa_attention,
 )
 
 
@@ -62,11 +66,42 @@ def segment_scores(q: torch.Tensor, r_s_bias: torch.Tensor, seg_embed: torch.Ten
     """(q + s) . e[mismatch] for every pair: q [B, H, T, D], seg_embed [2, H, D] (0: same, 1: different segment),
     mismatch bool [B, T, K] -> [B, H, T, K]. Two dot products per query, then a select: O(T * D + T * K). The select
     is `same * (1 - m) + different * m` with m the mismatch as 0/1 floats, exact like `torch.where` for finite
-    values (on CPU, `torch.where` with a bool mask broadcast over the heads is several times slower, forward and
-    backward)."""
+    values (on CPU, `torch.where` with a bool mask broadcast over the heads is slower, forward and backward)."""
     both = torch.matmul(q + r_s_bias[:, None], seg_embed.permute(1, 2, 0))  # [B, H, T, 2]
     m = mismatch[:, None].to(both.dtype)  # [B, 1, T, K]
     return (both[..., :1] * (1 - m)).addcmul_(both[..., 1:], m)
+
+
+def table_products(q_v: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """(q + v) (W_R R)^T against every table row: q_v [B, H, T, D], r [S, H, R, D] -> [B, H, T, R]; batch rows
+    [i B/S, (i+1) B/S) use table i (bi_data: the forward table, then the backward one)."""
+    tables, (batch, heads, qlen, d_head) = r.size(0), q_v.shape
+    by_table = q_v.view(tables, batch // tables, heads, qlen, d_head)  # [S, B/S, H, T, D]
+    return torch.matmul(by_table, r[:, None].transpose(-1, -2)).flatten(0, 1)  # [B, H, T, R]
+
+
+def shift_to_keys(scores: torch.Tensor, klen: int, shift: int, positions: torch.Tensor | None) -> torch.Tensor:
+    """Scores against table rows [B, H, T, R] -> against keys [B, H, T, K]: `rel_shift` when row i is query i (the
+    content stream, `positions` None), `relative_scores_at` for queries standing at `positions` (the query stream)."""
+    return rel_shift(scores, klen, shift) if positions is None else relative_scores_at(scores, positions, klen, shift)
+
+
+def two_stream_attention(q, key, value, r, biases, seg_embed, shift: int, stream: "Stream", dropout_p: float = 0.0):
+    """XLNet attention of one stream, the reference: plain ops, one line per term of the score.
+
+    q [B, H, Tq, D] the stream's queries (content: Tq = T; query stream: Tq = P); key, value [B, H, K, D] from
+    [mem; h]; r = W_R R [S, H, R, D]; biases (u, v, s) [H, D] each; seg_embed [2, H, D]; shift: T (both XLNet tables
+    start at distance K); `stream` its mask, segment mismatch and query positions. Returns (out [B, H, Tq, D], probs
+    [B, H, Tq, K]).
+    """
+    u, v, s = biases
+    ac = torch.matmul(q + u[:, None], key.transpose(-1, -2))  # content: (q + u) k^T
+    bd = shift_to_keys(table_products(q + v[:, None], r), key.size(2), shift, stream.positions)  # position
+    if stream.mismatch is None:  # no token_type_ids: no segment term
+        return masked_softmax_attention(ac + bd, value, stream.mask, dropout_p)
+    same_and_different = torch.matmul(q + s[:, None], seg_embed.permute(1, 2, 0))  # (q + s) e^T, [B, H, Tq, 2]
+    ef = torch.where(stream.mismatch[:, None], same_and_different[..., 1:], same_and_different[..., :1])  # segment
+    return masked_softmax_attention(ac + bd + ef, value, stream.mask, dropout_p)
 
 
 def permutation_masks(perm_mask, attention_mask, mlen: int, causal: bool, batch: int, qlen: int, device):
@@ -132,30 +167,35 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
 
     def attend_stream(self, q, k, v, r, biases, shift: int, stream: Stream, output_attentions: bool = False):
         """One stream's attention vectors: q [B, H, Tq, D] its queries, k/v [B, H, K, D] from [mem; h], r
-        [S, H, R, D] (rows [B/2, B) use the second table when S = 2). Returns ([B, H, Tq, D], probs)."""
+        [S, H, R, D] (rows [B/2, B) use the second table when S = 2). Returns ([B, H, Tq, D], probs or None)."""
+        dropout_p = self.dropatt if self.training else 0.0
+        implementation = attention_implementation(self.config._attn_implementation, dropout_p, output_attentions)
+        if implementation == "eager":
+            attn_vec, probs = two_stream_attention(q, k, v, r, biases, self.seg_embed, shift, stream, dropout_p)
+        else:
+            attn_vec, probs = self.fast_attention(q, k, v, r, biases, shift, stream, dropout_p, implementation), None
+        if stream.present is not None:
+            attn_vec = attn_vec * stream.present[:, None, :, None].to(attn_vec.dtype)
+        return attn_vec, (probs if output_attentions else None)
+
+    def fast_attention(self, q, k, v, r, biases, shift: int, stream: Stream, dropout_p: float, implementation: str):
+        """`two_stream_attention`'s output (tested against it), the score terms summed into one bias for the fused
+        node ("fused") or SDPA ("sdpa"). The content stream's position term is one node (`ShiftedPositionScores`: no
+        padded copy, one gradient buffer); with one table, products are taken per head over all batch rows
+        (`position_product`, the table never copied per row)."""
         r_w_bias, r_r_bias, r_s_bias = biases
-        batch, n_head, qlen, _ = q.shape
-        klen, tables = k.size(2), r.size(0)
+        klen = k.size(2)
         if stream.positions is None and not torch.compiler.is_compiling():
             bd = ShiftedPositionScores.apply(q, r_r_bias, r, klen, shift)  # [B, H, Tq, K]
         else:  # the query stream, or plain ops for torch.compile to trace
-            if tables == 1:
-                bd = position_product(q + r_r_bias[:, None], r[0])  # [B, H, Tq, R]
-            else:
-                q_by_table = (q + r_r_bias[:, None]).view(tables, batch // tables, n_head, qlen, -1)
-                bd = torch.matmul(q_by_table, r[:, None].transpose(-1, -2)).flatten(0, 1)  # [B, H, Tq, R]
-            if stream.positions is None:
-                bd = rel_shift(bd, klen, shift)
-            else:
-                bd = relative_scores_at(bd, stream.positions, klen, shift)
+            q_v = q + r_r_bias[:, None]
+            bd = position_product(q_v, r[0]) if r.size(0) == 1 else table_products(q_v, r)  # [B, H, Tq, R]
+            bd = shift_to_keys(bd, klen, shift, stream.positions)
         if stream.mismatch is not None:
             bd = segment_scores(q, r_s_bias, self.seg_embed, stream.mismatch).add_(bd)  # a new tensor: add in place
-        dropout_p = self.dropatt if self.training else 0.0
-        attn_vec, probs = attend(q + r_w_bias[:, None], k, v, bd, stream.mask, dropout_p, self.use_sdpa,
-                                 output_attentions)
-        if stream.present is not None:
-            attn_vec = attn_vec * stream.present[:, None, :, None].to(attn_vec.dtype)
-        return attn_vec, probs
+        if implementation == "fused":
+            return FusedBiasedAttention.apply(q + r_w_bias[:, None], k, v, bd, stream.mask, dropout_p)
+        return sdpa_attention(q + r_w_bias[:, None], k, v, bd, stream.mask, dropout_p)
 
     def forward(self, h, g, pos_emb, content: Stream, query: Stream | None, mem=None, shared_biases=None,
                 output_attentions: bool = False, content_output: bool = True):

@@ -1,4 +1,5 @@
-"""Import transformers XLNet checkpoints (`XLNetLMHeadModel`, `XLNetForSequenceClassification`, `XLNetModel`).
+"""Import transformers XLNet checkpoints (`XLNetLMHeadModel`, `XLNetForSequenceClassification`, `XLNetModel`):
+`from_xlnet(TransformerXLForPermutationLM, path_or_model)` (or the classifier, or the bare backbone).
 
 An explicit key map, ours <- theirs, with `{}` standing for the layer index; every converted tensor is checked
 against the shape our model expects. XLNet stores each attention projection as [d_model, H, D] (applied with
@@ -173,9 +174,11 @@ def load_xlnet(path_or_model) -> tuple[object, dict[str, torch.Tensor]]:
     raise ValueError(f"path_or_model={path!r} holds neither model.safetensors nor pytorch_model.bin")
 
 
-def load_xlnet_into(model_class, path_or_model, **config_overrides):
-    """A `model_class` instance (a head over `TransformerXLPermutationModel`, or the bare backbone) with the XLNet
-    weights. Every backbone parameter must come from the checkpoint (else ValueError); head weights the checkpoint
+def from_xlnet(model_class, path_or_model, **config_overrides):
+    """A `model_class` instance with the weights of a transformers XLNet model (a model object or a saved folder):
+    `TransformerXLForPermutationLM` from an `XLNetLMHeadModel`, `TransformerXLForSequenceClassification` from an
+    `XLNetForSequenceClassification`, or the bare backbone `TransformerXLPermutationModel`; `config_overrides` set
+    config fields. Every backbone parameter must come from the checkpoint (else ValueError); head weights the checkpoint
     lacks keep their initialisation (with a warning, as transformers does); head weights the model lacks are dropped."""
     xlnet_config, state_dict = load_xlnet(path_or_model)
     config = config_from_xlnet(xlnet_config, **config_overrides)
@@ -201,6 +204,6 @@ def convert_xlnet_checkpoint(src, out_dir, **config_overrides):
     `TransformerXLForPermutationLM`; returns the model."""
     from .modeling_permutation_lm import TransformerXLForPermutationLM
 
-    model = TransformerXLForPermutationLM.from_xlnet(src, **config_overrides)
+    model = from_xlnet(TransformerXLForPermutationLM, src, **config_overrides)
     model.save_pretrained(out_dir)
     return model

@@ -11,13 +11,17 @@ refused unless `--overwrite` is given (then a tokenizer there that the legacy fo
 the model card, so that no tokenizer or card of another model stays beside the converted weights; other files, such
 as an earlier training run's records, are kept). A legacy vocabulary found beside the
 weights is converted into a fast tokenizer; a pickled `vocab.pkl` is read by a restricted parser, never unpickled.
+Everything is written into a temporary folder first and moved into OUT_DIR only once the whole conversion succeeded
+(with `--overwrite`, only then is the old model removed): a failed conversion leaves OUT_DIR as it was.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 
 import torch
 
@@ -43,11 +47,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def convert(legacy_dir: str, out_dir: str, dtype: str = "float32", overwrite: bool = False
             ) -> TransformerXLForCausalLM:
+    """Convert into a temporary folder beside out_dir, then move it into place only once complete: a conversion that
+    fails (bad weights, a bad vocabulary) leaves out_dir as it was."""
     if not os.path.isdir(legacy_dir):
         raise ValueError(f"legacy_dir={legacy_dir!r} is not a folder; expected a transformers-4.x checkpoint folder")
     if os.path.realpath(out_dir) == os.path.realpath(legacy_dir):  # save_pretrained would overwrite the source
         raise ValueError(f"out_dir={out_dir!r} is the legacy_dir itself; expected another folder (converting in place "
                          "would overwrite the legacy config.json and weights)")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"out_dir={out_dir!r} is a file; expected a folder (new or empty) for the converted model")
     present = [name for name in MODEL_FILES + TOKENIZER_FILES if os.path.exists(os.path.join(out_dir, name))]
     if present and not overwrite:
         raise ValueError(f"out_dir={out_dir!r} already holds {', '.join(present)}; expected an empty or new folder, "
@@ -55,13 +63,37 @@ def convert(legacy_dir: str, out_dir: str, dtype: str = "float32", overwrite: bo
     files = find_legacy_files(local_resolver(legacy_dir))
     if files is None:
         raise ValueError(f"legacy_dir={legacy_dir!r} has no config.json with model_type 'transfo-xl'")
-    model = load_legacy_model(TransformerXLForCausalLM, *files, dtype=getattr(torch, dtype))
-    model.save_pretrained(out_dir)
-    stale = ("README.md",) + (TOKENIZER_FILES if convert_vocabulary(legacy_dir, out_dir) is None else ())
-    for name in stale:  # nothing of another model beside these weights: its card, a tokenizer not replaced
-        if os.path.exists(os.path.join(out_dir, name)):
-            os.remove(os.path.join(out_dir, name))
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".tmp_convert_{os.path.basename(os.path.abspath(out_dir))}_", dir=parent)
+    try:
+        model = load_legacy_model(TransformerXLForCausalLM, *files, dtype=getattr(torch, dtype))
+        model.save_pretrained(staging)
+        convert_vocabulary(legacy_dir, staging)
+        move_into_place(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return model
+
+
+def move_into_place(staging: str, out_dir: str) -> None:
+    """A complete conversion in `staging` becomes out_dir: renamed when out_dir does not exist (atomic); otherwise
+    what it replaces goes first (a model, a tokenizer that the legacy folder does not replace, the other model's card:
+    nothing of another model stays beside these weights; other files, such as a training run's records, stay), then
+    each new file is renamed in."""
+    if not os.path.exists(out_dir):
+        os.replace(staging, out_dir)
+        return
+    new = set(os.listdir(staging))
+    for name in MODEL_FILES + TOKENIZER_FILES + ("README.md",):
+        path = os.path.join(out_dir, name)
+        if name not in new and os.path.isfile(path):
+            os.remove(path)
+    for name in sorted(new):
+        target = os.path.join(out_dir, name)
+        if os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target)
+        os.replace(os.path.join(staging, name), target)
 
 
 LEGACY_VOCAB_FILES = ("vocab.pkl", "vocab.txt", "vocab.bin")

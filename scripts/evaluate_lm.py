@@ -58,6 +58,9 @@ def check_args(args) -> None:
         check_int("mem_lens", mem_len, minimum=0)
     if args.clamp_len < -1:
         raise ValueError(f"clamp_len={args.clamp_len} is invalid; expected -1 (no clamping) or a distance >= 0")
+    if args.output_dir is not None and Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
+        raise ValueError(f"output_dir={args.output_dir!r} is a file; expected a folder (new or existing) for "
+                         f"{RESULTS_FILE} and the model card section")
 
 
 def load(args):
@@ -70,12 +73,35 @@ def load(args):
                          "folder written by save_pretrained")
     from tokenization import check_vocab_matches
 
+    check_tokenizer_source(folder, args.tokenizer_name)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or folder)
     # before any evaluation: an id past the softmax would fail only where the data happens to hold one
     check_vocab_matches(tokenizer, model.config, allow_larger_model=True,
                         context=f"tokenizer_name={args.tokenizer_name or str(folder)!r} does not fit the model")
     return model, tokenizer
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "tokenizer.model", "vocab.json")
+
+
+def check_tokenizer_source(folder: Path, tokenizer_name: str | None) -> None:
+    """Before any loading: a folder without a tokenizer (and no --tokenizer_name) is named, and a legacy
+    transformers-4.x Transformer-XL folder is pointed to the converter, instead of transformers' advice to install
+    sentencepiece or tiktoken."""
+    if tokenizer_name is not None or any((folder / name).exists() for name in TOKENIZER_FILES):
+        return
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if model_type == "transfo-xl":
+        raise ValueError(f"model_name_or_path={str(folder)!r} is a legacy transformers-4.x Transformer-XL folder "
+                         "without a tokenizer this version reads; expected a converted folder: run "
+                         f"`python scripts/convert_transfo_xl.py {folder} {folder}-converted` (it converts vocab.pkl "
+                         "too), then evaluate that folder")
+    raise ValueError(f"model_name_or_path={str(folder)!r} has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}); "
+                     "expected a folder saved with its tokenizer, or --tokenizer_name")
 
 
 def run(args) -> dict:

@@ -21,6 +21,14 @@ def main(argv=None) -> int:
     except (ValueError, NonFiniteLossError, HubUploadError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1 if not isinstance(error, HubUploadError) else 2
+    except RuntimeError as error:  # torch.distributed's DistBackendError included
+        if "timed out" not in str(error).lower() and "timeout" not in str(error).lower():
+            raise
+        print(f"error: another process did not answer within ddp_timeout={args.ddp_timeout} seconds (stalled, "
+              f"stopped or dead); the run ended instead of waiting forever. Resume from the last checkpoint with "
+              f"--resume_from_checkpoint latest (raise --ddp_timeout for long pauses such as a slow evaluation or "
+              f"save). Cause: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 1
     print("validation: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in results.items()))
     return 0
 

@@ -15,15 +15,23 @@ from modeling_xl.data.streams import OrderedStreams
 from modeling_xl.data.tokenize import tokenize_corpus
 from tokenization import train_word_level_tokenizer
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from generated_corpora import wikitext_lines
+
+
+def tokenized_folder(folder, cache):
+    corpus = load_corpus(folder, cache_dir=cache)
+    tokenizer = train_word_level_tokenizer(corpus["train"].data.column("text"))
+    return corpus, tokenizer, tokenize_corpus(corpus, tokenizer)
 
 
 @pytest.fixture(scope="module")
-def wt2(tmp_path_factory):
-    cache = str(tmp_path_factory.mktemp("cache"))
-    corpus = load_corpus(DATA / "wikitext-2", cache_dir=cache)
-    tokenizer = train_word_level_tokenizer(corpus["train"].data.column("text"))
-    return corpus, tokenizer, tokenize_corpus(corpus, tokenizer)
+def wt2(tmp_path_factory, shared_data):
+    return tokenized_folder(shared_data / "wikitext-2", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory, wikitext_folder):
+    return tokenized_folder(wikitext_folder, str(tmp_path_factory.mktemp("cache")))
 
 
 def test_wikitext2_pipeline_counts(wt2):
@@ -34,8 +42,8 @@ def test_wikitext2_pipeline_counts(wt2):
     assert ids["train"].dtype == np.int32 and ids["train"].max() < 33278
 
 
-def test_second_run_reuses_cache(wt2):
-    corpus, tokenizer, ids = wt2
+def test_second_run_reuses_cache(generated):
+    corpus, tokenizer, ids = generated
     cache_dirs = {Path(data.cache_files[0]["filename"]).parent for data in corpus.values()}  # one per split
 
     def cache_files():
@@ -48,13 +56,13 @@ def test_second_run_reuses_cache(wt2):
     assert cache_files() == written  # loaded, not rewritten
 
 
-def test_multiprocess_equals_single_process(wt2):
-    corpus, tokenizer, ids = wt2
-    small = corpus["test"].select(range(2000))
-    one = tokenize_corpus({"test": small}, tokenizer, num_proc=1, load_from_cache_file=False)["test"]
-    two = tokenize_corpus({"test": small}, tokenizer, num_proc=2, load_from_cache_file=False)["test"]
+def test_multiprocess_equals_single_process(generated):
+    corpus, tokenizer, ids = generated
+    small = corpus["train"].select(range(2000))
+    one = tokenize_corpus({"train": small}, tokenizer, num_proc=1, load_from_cache_file=False)["train"]
+    two = tokenize_corpus({"train": small}, tokenizer, num_proc=2, load_from_cache_file=False)["train"]
     np.testing.assert_array_equal(one, two)
-    np.testing.assert_array_equal(one, ids["test"][:one.size])
+    np.testing.assert_array_equal(one, ids["train"][:one.size])
 
 
 def test_local_formats(tmp_path):
@@ -140,7 +148,7 @@ def test_trained_word_tokenizer_has_exactly_tokenizer_vocab_size_symbols(objecti
     from modeling_xl.training.corpus import load_tokenizer
     from modeling_xl.training.plm import add_plm_tokens
 
-    lines = (DATA / "wikitext-2" / "train.txt").read_text(encoding="utf-8").splitlines()[:3000]
+    lines = wikitext_lines(3000)
     assert any("<unk>" in line.split() for line in lines)  # WikiText holds the literal word <unk>
     without_unk = [line.replace("<unk>", "") for line in lines]
     for texts in (lines, without_unk):

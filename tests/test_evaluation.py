@@ -19,7 +19,7 @@ from modeling_xl.evaluation import (
     update_card_section,
     vanilla_nll,
 )
-from modeling_xl.training.evaluation import evaluate_causal_lm
+from modeling_xl.stream_scoring import evaluate_causal_lm
 from modeling_xl.data.streams import EvalStreams
 
 REPO = Path(__file__).resolve().parents[1]

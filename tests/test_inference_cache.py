@@ -57,8 +57,7 @@ def read(model, ids, seg_len=8, copy_mems=False, between=None):
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_reused_projections_equal_recomputed_ones(pre_lnorm, attn):
     model = make_model(pre_lnorm=pre_lnorm)
-    for layer in model.transformer.layers:
-        layer.attn.use_sdpa = attn == "sdpa"
+    model.set_attn_implementation(attn)
     ids = torch.randint(0, 97, (2, 40))
     recomputed = read(model, ids, copy_mems=True)
     before = hits(model)

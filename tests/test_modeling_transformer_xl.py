@@ -46,9 +46,7 @@ def test_memory_is_last_mem_len_layer_inputs():
 @pytest.mark.parametrize("overrides", [{}, {"pre_lnorm": True, "untie_r": False}, {"clamp_len": 3, "div_val": 1}])
 def test_segment_by_segment_equals_one_pass(attn, overrides):
     model = model_for(mem_len=64, **overrides)
-    model.config._attn_implementation = attn
-    for layer in model.transformer.layers:
-        layer.attn.use_sdpa = attn == "sdpa"
+    model.set_attn_implementation(attn)
     x = torch.randint(0, 97, (2, 13))
     full = model(x, labels=x)
     mems, parts = None, []
@@ -67,8 +65,7 @@ def test_sdpa_equals_eager_with_same_length_and_memory():
     x = torch.randint(0, 97, (2, 5))
     mems = model(x).mems
     sdpa = model(x, mems=mems).logits
-    for layer in model.transformer.layers:
-        layer.attn.use_sdpa = False
+    model.set_attn_implementation("eager")
     torch.testing.assert_close(model(x, mems=mems).logits, sdpa, atol=1e-5, rtol=1e-5)
 
 
@@ -418,9 +415,9 @@ def test_float64_model_keeps_float64_and_passes_gradcheck():
 def test_set_attn_implementation_reaches_the_layers():
     model = model_for()
     model.set_attn_implementation("eager")
-    assert not any(layer.attn.use_sdpa for layer in model.transformer.layers)
+    assert all(layer.attn.config._attn_implementation == "eager" for layer in model.transformer.layers)
     model.set_attn_implementation("sdpa")
-    assert all(layer.attn.use_sdpa for layer in model.transformer.layers)
+    assert all(layer.attn.config._attn_implementation == "sdpa" for layer in model.transformer.layers)
 
 
 def test_presets_build_and_unknown_preset_errors():
@@ -560,6 +557,40 @@ def test_layers_compile_without_graph_breaks(head):
     (grad_compiled,) = torch.autograd.grad(out_compiled, h, cotangent)
     assert grad_eager.abs().max() > 0.1
     torch.testing.assert_close(grad_compiled, grad_eager)
+
+
+def test_projections_stay_tied_by_tie_projs_without_tied_word_embeddings(tmp_path):
+    """tie_word_embeddings=False unties the cluster weights only; the projections follow tie_projs alone (the authors'
+    code), through save and load."""
+    for div_val, d_embed in ((2, 16), (1, 32)):
+        model = model_for(tie_word_embeddings=False, div_val=div_val, d_embed=d_embed)
+        emb, head = model.transformer.word_emb, model.lm_head
+        assert head.out_layers[0].weight is not emb.emb_layers[0].weight
+        tied_to = 0 if div_val == 1 else 1
+        assert head.out_projs[1].weight is emb.emb_projs[tied_to].weight
+        assert head.out_projs[0].weight is not emb.emb_projs[0].weight  # tie_projs[0] is False
+        model.save_pretrained(tmp_path / str(div_val))
+        loaded = TransformerXLForCausalLM.from_pretrained(tmp_path / str(div_val)).eval()
+        assert loaded.lm_head.out_projs[1].weight is loaded.transformer.word_emb.emb_projs[tied_to].weight
+        assert loaded.lm_head.out_layers[0].weight is not loaded.transformer.word_emb.emb_layers[0].weight
+        x = torch.randint(0, 97, (2, 5))
+        torch.testing.assert_close(loaded(x).logits, model(x).logits)
+
+
+def test_float64_model_builds_its_position_table_in_float64():
+    from modeling_xl import TransformerXLForPermutationLM
+    from modeling_xl.relative_attention import relative_positions, sinusoid_table
+
+    model = model_for(clamp_len=-1).double()
+    table = model.transformer.position_embeddings(7, torch.float64, "cpu")
+    assert table.dtype == torch.float64
+    assert torch.equal(table, sinusoid_table(relative_positions(7), model.config.d_model, torch.float64))
+    assert (table - sinusoid_table(relative_positions(7), model.config.d_model).double()).abs().max() > 0
+    plm = TransformerXLForPermutationLM(TransformerXLConfig.from_preset("debug", adaptive=False, cutoffs=[],
+                                                                        tie_projs=[False], attn_type="bi")).double()
+    tables = plm.transformer.position_embeddings(7, 3, torch.float64, "cpu")
+    want = sinusoid_table(relative_positions(7, 3, bidirectional=True), plm.config.d_model, torch.float64)
+    assert torch.equal(tables[0], want)
 
 
 @pytest.mark.parametrize("cluster_bias", [-4.0, 0.0, 2.0])

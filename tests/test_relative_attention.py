@@ -1,9 +1,27 @@
-"""Pure functions of the attention core against naive loops."""
+"""The attention maths against naive loops, and every fast path (`fused_attention`, SDPA) against the library's
+reference `relative_attention`, forward and backward."""
 
 import pytest
 import torch
 
-from modeling_xl.relative_attention import attend, causal_mask, rel_shift, relative_positions, sinusoid_table
+from modeling_xl import fused_attention
+from modeling_xl.fused_attention import (
+    FusedBiasedAttention,
+    FusedRelativeAttention,
+    ShiftedPositionScores,
+    fused_relative_attention,
+)
+from modeling_xl.relative_attention import (
+    RELATIVE_ATTENTION_FUNCTIONS,
+    attention_implementation,
+    causal_mask,
+    masked_softmax_attention,
+    rel_shift,
+    relative_attention,
+    relative_positions,
+    sdpa_attention,
+    sinusoid_table,
+)
 
 
 def naive_shift(x, klen, shift):
@@ -78,44 +96,139 @@ def test_causal_mask_matches_definition(qlen, mlen, mem_len, same_length):
     assert not mask.all(-1).any(), "every query sees at least itself"
 
 
-def test_attend_sdpa_equals_eager_and_masks():
+def test_sinusoid_table_in_the_models_dtype():
+    """A float64 model's table is computed in float64 (float32 then cast is ~1e-7 off); 16-bit tables are the float32
+    table rounded once."""
+    pos = relative_positions(300)
+    exact = sinusoid_table(pos, 64, torch.float64)
+    assert exact.dtype == torch.float64
+    inv_freq = 1 / 10000 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    angles = torch.outer(pos.double(), inv_freq)
+    assert torch.equal(exact, torch.cat([angles.sin(), angles.cos()], -1))
+    assert (sinusoid_table(pos, 64).double() - exact).abs().max() > 1e-9  # what float32 then .double() gave
+    half = sinusoid_table(pos, 64, torch.bfloat16)
+    assert half.dtype == torch.bfloat16 and torch.equal(half, sinusoid_table(pos, 64).to(torch.bfloat16))
+
+
+def naive_relative_attention(q, u, v_bias, k, v, r, mask, mlen):
+    """Transformer-XL attention pair by pair, from the definition: query i (absolute position M + i) against key j at
+    distance M + i - j, whose position vector is the table row of that distance (rows hold K-1 ... 0)."""
+    B, H, T, D = q.shape
+    K = k.size(2)
+    scores = torch.empty(B, H, T, K, dtype=q.dtype)
+    for i in range(T):
+        for j in range(K):
+            distance = mlen + i - j
+            row = r[:, K - 1 - distance] if 0 <= distance < K else torch.zeros_like(r[:, 0])  # [H, D]
+            content = ((q[:, :, i] + u) * k[:, :, j]).sum(-1)
+            position = ((q[:, :, i] + v_bias) * row).sum(-1)
+            scores[:, :, i, j] = (content + position) / D**0.5
+    scores = scores.masked_fill(mask, float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+
+@pytest.mark.parametrize("mlen,same_length,padding", [(0, False, False), (4, False, False), (4, True, False),
+                                                      (3, False, True)])
+def test_reference_matches_naive_loop(mlen, same_length, padding):
+    """The library's reference (`relative_attention`: rel_shift of one product) against a per-pair loop that never
+    shifts: with and without memory, same_length, a padding mask per batch row."""
+    torch.manual_seed(0)
+    B, H, T, D = 2, 3, 5, 4
+    K = T + mlen
+    mask = causal_mask(T, mlen, same_length, mem_len=mlen)
+    if padding:
+        mask = mask[None, None].repeat(B, 1, 1, 1)
+        mask[1, ..., :2] = True
+    q, k, v = (torch.randn(B, H, n, D, dtype=torch.double) for n in (T, K, K))
+    u, v_bias = torch.randn(H, D, dtype=torch.double), torch.randn(H, D, dtype=torch.double)
+    r = torch.randn(H, K, D, dtype=torch.double)
+    out, probs = relative_attention(q, k, v, r, u, v_bias, mask, shift=T - 1)
+    torch.testing.assert_close(out, naive_relative_attention(q, u, v_bias, k, v, r, mask, mlen))
+    assert torch.all(probs[mask.expand_as(probs)] == 0)
+
+
+def test_masked_softmax_attention_equals_sdpa_and_masks():
     q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
     bias = torch.randn(2, 3, 4, 6)
     mask = causal_mask(4, 2)
-    eager, probs = attend(q, k, v, bias, mask, use_sdpa=False, output_attentions=True)
-    sdpa, _ = attend(q, k, v, bias, mask, use_sdpa=True)
-    torch.testing.assert_close(eager, sdpa, rtol=1e-5, atol=1e-5)
+    eager, probs = masked_softmax_attention(q @ k.transpose(-1, -2) + bias, v, mask)
+    torch.testing.assert_close(sdpa_attention(q, k, v, bias, mask), eager, rtol=1e-5, atol=1e-5)
     assert torch.all(probs[..., mask] == 0)
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 3, 4))
 
 
-def test_attend_fully_masked_row_is_uniform_not_nan():
+def test_fully_masked_row_is_uniform_not_nan():
     q, k, v = torch.randn(1, 1, 2, 4), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
     mask = torch.tensor([[True, True, True], [False, True, True]])
-    out, probs = attend(q, k, v, torch.zeros(1, 1, 2, 3), mask, use_sdpa=False, output_attentions=True)
+    out, probs = masked_softmax_attention(q @ k.transpose(-1, -2), v, mask)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(probs[0, 0, 0], torch.full((3,), 1 / 3))
+    torch.testing.assert_close(sdpa_attention(q, k, v, torch.zeros(1, 1, 2, 3), mask), out)
 
 
-def _reference_attention(q, u, v_bias, k, v, r, mask, keep=None, keep_scale=1.0):
-    """Unfused: position scores via rel_shift, softmax, optional dropout mask (keep * keep_scale)."""
-    q_u, q_v = q + u[:, None], q + v_bias[:, None]
-    qlen, klen, d = q_u.size(-2), k.size(-2), q_u.size(-1)
-    bd = rel_shift(torch.matmul(q_v, r.transpose(-1, -2)), klen, qlen - 1)
-    scores = (q_u @ k.transpose(-1, -2) + bd) / d**0.5
-    probs = torch.softmax(scores.masked_fill(mask, torch.finfo(scores.dtype).min), -1)
-    if keep is not None:
-        probs = probs * keep * keep_scale
-    return probs @ v
+def test_attention_implementation_is_chosen_in_one_place():
+    """"eager" always runs the reference, with gradients too; returned probabilities need it; by default training
+    (or attention dropout, for recomputation under no_grad) takes the fused node, evaluation SDPA."""
+    assert attention_implementation("eager", 0.0, False) == "eager"
+    assert attention_implementation("sdpa", 0.0, True) == "eager"
+    assert attention_implementation("sdpa", 0.0, False) == "fused"
+    assert attention_implementation(None, 0.0, False) == "fused"
+    with torch.no_grad():
+        assert attention_implementation("eager", 0.1, False) == "eager"
+        assert attention_implementation("sdpa", 0.0, False) == "sdpa"
+        assert attention_implementation("sdpa", 0.1, False) == "fused"
+    assert set(RELATIVE_ATTENTION_FUNCTIONS) == {"eager", "fused", "sdpa"}
+
+
+def relative_args(B=2, H=3, T=5, M=4, D=8, rows=0, seed=0):
+    """q, key, value, r, u, v (float64, requiring gradients) for relative attention, the table `rows` longer."""
+    g = torch.Generator().manual_seed(seed)
+    K = T + M
+    shapes = [(B, H, T, D), (B, H, K, D), (B, H, K, D), (H, K + rows, D), (H, D), (H, D)]
+    return [torch.randn(*shape, dtype=torch.double, generator=g).requires_grad_() for shape in shapes]
+
+
+def mask_of(kind, B, T, M):
+    K = T + M
+    if kind == "causal":
+        return causal_mask(T, M)
+    if kind == "same_length":
+        return causal_mask(T, M, True, max(M, 1))
+    if kind == "padding":  # per batch row, as `with_key_padding` builds it
+        mask = causal_mask(T, M)[None, None].repeat(B, 1, 1, 1)
+        mask[1, ..., : M + 2] = True
+        mask[1, 0, torch.arange(T), M + torch.arange(T)] = False  # a query keeps its own key
+        return mask
+    if kind == "fully_masked_row":
+        return torch.ones(T, K, dtype=torch.bool).triu(M)
+    return None  # no mask: keys that no table row describes get rel_shift's zeros
+
+
+@pytest.mark.parametrize("implementation", ["fused", "sdpa"])
+@pytest.mark.parametrize("mlen", [0, 4])
+@pytest.mark.parametrize("mask_kind", ["causal", "same_length", "padding", "fully_masked_row", None])
+def test_fast_paths_match_the_reference_forward_and_backward(implementation, mlen, mask_kind):
+    """Each entry of the dispatch table against `relative_attention` (dropout off): output and the gradient of every
+    input, with and without memory, each kind of mask."""
+    B, T = 2, 5
+    args = relative_args(B=B, T=T, M=mlen)
+    mask = mask_of(mask_kind, B, T, mlen)
+    out, _ = RELATIVE_ATTENTION_FUNCTIONS[implementation](*args, mask, T - 1)
+    want, _ = relative_attention(*args, mask, T - 1)
+    torch.testing.assert_close(out, want)
+    if implementation == "sdpa" and mask_kind == "fully_masked_row":
+        return  # SDPA (gradients only under torch.compile) passes a hidden row's gradient to its bias; no model row is
+        # fully hidden (a query always keeps its own key)
+    grad = torch.randn_like(out)
+    for got, expected in zip(torch.autograd.grad(out, args, grad), torch.autograd.grad(want, args, grad)):
+        torch.testing.assert_close(got, expected)
 
 
 @pytest.mark.parametrize("mask_kind,extra_rows", [("causal", 0), ("same_length", 0), ("fully_masked_row", 0),
                                                   ("causal", 3)])
 def test_fused_relative_attention_matches_unfused_with_gradients(mask_kind, extra_rows):
-    """Output and every input's gradient (gradcheck) against the unfused ops; `extra_rows`: a position table longer
+    """Output against the reference and every input's gradient (gradcheck); `extra_rows`: a position table longer
     than the keys (rel_shift keeps the first K columns)."""
-    from modeling_xl.relative_attention import FusedRelativeAttention
-
     B, H, T, M, D = 2, 3, 5, 4, 8
     K = T + M
     mask = {"causal": causal_mask(T, M), "same_length": causal_mask(T, M, True, 4),
@@ -125,27 +238,27 @@ def test_fused_relative_attention_matches_unfused_with_gradients(mask_kind, extr
     args += [torch.randn(B, H, K, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
     args += [torch.randn(H, K + extra_rows, D, dtype=torch.double, requires_grad=True)]
     fused = FusedRelativeAttention.apply(*args, mask, T - 1, 0.0)
-    torch.testing.assert_close(fused, _reference_attention(*args, mask))
+    q, u, v_bias, k, v, r = args
+    torch.testing.assert_close(fused, relative_attention(q, k, v, r, u, v_bias, mask, T - 1)[0])
     assert torch.autograd.gradcheck(lambda *a: FusedRelativeAttention.apply(*a, mask, T - 1, 0.0), args)
 
 
-def test_fused_relative_attention_dropout_matches_unfused():
+def test_fused_relative_attention_dropout_draws_the_references_mask():
+    """With attention dropout, the fused node and the reference draw the same keep-mask from the same seed (so a
+    model gives the same training run on either path); forward and backward agree."""
     from modeling_xl.dropout import keep_mask
-    from modeling_xl.relative_attention import FusedRelativeAttention
 
     B, H, T, M, D, p = 2, 2, 4, 3, 8, 0.3
     K = T + M
     mask = causal_mask(T, M)
-    args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True)]
-    args += [torch.randn(H, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
-    args += [torch.randn(B, H, K, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
-    args += [torch.randn(H, K, D, dtype=torch.double, requires_grad=True)]
+    args = relative_args(B=B, H=H, T=T, M=M, D=D)
     torch.manual_seed(5)
-    out = FusedRelativeAttention.apply(*args, mask, T - 1, p)
+    out, _ = fused_relative_attention(*args, mask, T - 1, p)
+    torch.manual_seed(5)
+    want, _ = relative_attention(*args, mask, T - 1, p)
     torch.manual_seed(5)
     keep, keep_scale = keep_mask((B, H, T, K), p)
     assert 0 < keep.sum() < keep.numel() and keep_scale == pytest.approx(1 / (1 - p), rel=1e-4)
-    want = _reference_attention(*args, mask, keep, keep_scale)
     torch.testing.assert_close(out, want)
     grad = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, args, grad), torch.autograd.grad(want, args, grad)):
@@ -154,10 +267,8 @@ def test_fused_relative_attention_dropout_matches_unfused():
 
 @pytest.mark.parametrize("bias_shape,with_mask", [((2, 3, 5, 9), True), ((1, 3, 5, 9), True), ((2, 1, 5, 9), False)])
 def test_fused_biased_attention_matches_attend_with_gradients(bias_shape, with_mask):
-    """`attend` in training (FusedBiasedAttention) against the same formula through plain autograd ops, including a
-    bias broadcast over batch or heads (its gradient is summed back) and no mask."""
-    from modeling_xl.relative_attention import FusedBiasedAttention
-
+    """FusedBiasedAttention against the reference's tail (`masked_softmax_attention`), including a bias broadcast over
+    batch or heads (its gradient is summed back) and no mask; forward, backward, gradcheck."""
     B, H, T, K, D = 2, 3, 5, 9, 8
     mask = causal_mask(T, K - T)[None, None] if with_mask else None
     args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True)]
@@ -165,20 +276,19 @@ def test_fused_biased_attention_matches_attend_with_gradients(bias_shape, with_m
     args += [torch.randn(*bias_shape, dtype=torch.double, requires_grad=True)]
 
     def reference(q, k, v, bias):
-        scores = (q @ k.transpose(-1, -2) + bias) / D**0.5
-        if mask is not None:
-            scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
-        return torch.softmax(scores, -1) @ v
+        return masked_softmax_attention(q @ k.transpose(-1, -2) + bias, v, mask)[0]
 
-    out, probs = attend(*args, mask, dropout_p=0.0)
-    assert probs is None
-    torch.testing.assert_close(out, reference(*args))
+    out = FusedBiasedAttention.apply(*args, mask, 0.0)
+    want = reference(*args)
+    torch.testing.assert_close(out, want)
+    grad = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, args, grad), torch.autograd.grad(want, args, grad)):
+        torch.testing.assert_close(a, b)
     assert torch.autograd.gradcheck(lambda *a: FusedBiasedAttention.apply(*a, mask, 0.0), args)
 
 
 def test_fused_biased_attention_dropout_uses_the_package_mask():
     from modeling_xl.dropout import keep_mask
-    from modeling_xl.relative_attention import FusedBiasedAttention
 
     B, H, T, K, D, p = 1, 2, 4, 6, 8, 0.25
     q, k, v = (torch.randn(B, H, n, D, dtype=torch.double, requires_grad=True) for n in (T, K, K))
@@ -224,8 +334,6 @@ def test_shifted_position_scores_matches_rel_shift_with_gradients(tables, rlen, 
     rel_shift of the plain product, with one table given as [H, R, D] (tables=0) or S tables [S, H, R, D], and a table
     longer than the keys; R = 14 describes every (query, key) pair (XLNet's bidirectional table: the strided-view
     path), the others leave entries that only rel_shift's padding defines (the padded-buffer path)."""
-    from modeling_xl.relative_attention import ShiftedPositionScores
-
     B, H, T, K, D = 4, 2, 5, 9, 3
     q = torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True)
     v = torch.randn(H, D, dtype=torch.double, requires_grad=True)
@@ -239,7 +347,7 @@ def test_shifted_position_scores_matches_rel_shift_with_gradients(tables, rlen, 
 
 
 def test_score_blocks_cover_every_pair_once_in_contiguous_blocks():
-    from modeling_xl.relative_attention import SCORE_BLOCK_BYTES, score_blocks
+    from modeling_xl.fused_attention import SCORE_BLOCK_BYTES, score_blocks
 
     per_pair = SCORE_BLOCK_BYTES // 4  # bytes of one (row, head) pair's scores: 4 pairs fit a block
     for batch, heads in [(3, 2), (2, 8), (1, 3), (5, 1)]:
@@ -259,12 +367,11 @@ def test_fused_relative_attention_in_blocks_matches_unfused(monkeypatch, block_p
     """Forced into blocks of whole batch rows (4 pairs per block, 4 heads) or of head ranges within a row (2 or 3
     pairs): output and gradients equal the unfused ops, with dropout (each block's keep-mask taken from one full mask
     in block order) and a per-row padding mask."""
-    from modeling_xl import relative_attention
-    from modeling_xl.relative_attention import FusedRelativeAttention, score_blocks
+    from modeling_xl.fused_attention import score_blocks
 
     B, H, T, M, D, p = 3, 4, 4, 3, 8, 0.3
     K = T + M
-    monkeypatch.setattr(relative_attention, "SCORE_BLOCK_BYTES", block_pairs * T * K * 8)
+    monkeypatch.setattr(fused_attention, "SCORE_BLOCK_BYTES", block_pairs * T * K * 8)
     blocks = score_blocks(B, H, T, K, 8)
     assert len(blocks) > 1
     mask = causal_mask(T, M)[None, None].expand(B, 1, T, K).clone()
@@ -272,14 +379,17 @@ def test_fused_relative_attention_in_blocks_matches_unfused(monkeypatch, block_p
     torch.manual_seed(3)
     full_keep = torch.rand(B, H, T, K) > p
     order = iter(blocks)
-    monkeypatch.setattr(relative_attention, "keep_mask",
+    monkeypatch.setattr(fused_attention, "keep_mask",
                         lambda shape, rate, device=None: (full_keep[next(order)], 1 / (1 - p)))
     args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True)]
     args += [torch.randn(H, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
     args += [torch.randn(B, H, K, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
     args += [torch.randn(H, K, D, dtype=torch.double, requires_grad=True)]
     out = FusedRelativeAttention.apply(*args, mask, T - 1, p)
-    want = _reference_attention(*args, mask, full_keep, 1 / (1 - p))
+    q, u, v_bias, k, v, r = args
+    scores = (q + u[:, None]) @ k.transpose(-1, -2) + rel_shift((q + v_bias[:, None]) @ r.transpose(-1, -2), K, T - 1)
+    probs = torch.softmax((scores / D**0.5).masked_fill(mask, torch.finfo(scores.dtype).min), -1)
+    want = probs * full_keep * (1 / (1 - p)) @ v
     torch.testing.assert_close(out, want)
     grad = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, args, grad), torch.autograd.grad(want, args, grad)):
@@ -292,7 +402,7 @@ def test_hidden_equals_masked_fill(dtype):
     """`Hidden.hide_` is masked_fill(mask, finfo.min) and `zero_` masked_fill(mask, 0), in the scores' own dtype (no
     overflow to -inf, even for the most negative finite scores), the mask broadcast over heads; in float16 an
     overflowed (inf) score at a hidden key is hidden too, not turned into NaN."""
-    from modeling_xl.relative_attention import Hidden
+    from modeling_xl.fused_attention import Hidden
 
     torch.manual_seed(0)
     x = (torch.randn(2, 3, 5, 7) * 100).to(dtype)
@@ -311,7 +421,7 @@ def test_hidden_equals_masked_fill(dtype):
 
 @pytest.mark.parametrize("layout", ["head_major", "batch_major", "block"])
 def test_position_product_equals_broadcast_matmul(layout):
-    from modeling_xl.relative_attention import head_major, position_product
+    from modeling_xl.fused_attention import head_major, position_product
 
     torch.manual_seed(0)
     B, H, T, D, R = 3, 4, 5, 6, 9

@@ -19,7 +19,8 @@ from tokenization import (build_vocab, byte_level_tokenizer, char_level_tokenize
                           train_unigram_tokenizer, train_word_level_tokenizer, word_level_tokenizer)
 from tokenization.arrow_words import WordLevelPlan, insert_after_each_line
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from generated_corpora import play_text
+
 
 
 def read_lines(path: Path) -> list[str]:
@@ -28,15 +29,26 @@ def read_lines(path: Path) -> list[str]:
         return [line.rstrip("\n") for line in handle]
 
 
+def read_splits(folder: Path) -> dict[str, list[str]]:
+    return {split: read_lines(folder / f"{split}.txt") for split in ("train", "valid", "test")}
+
+
 @pytest.fixture(scope="module")
-def wikitext():
-    return {split: read_lines(DATA / "wikitext-2" / f"{split}.txt") for split in ("train", "valid", "test")}
+def wikitext(shared_data):
+    return read_splits(shared_data / "wikitext-2")
 
 
 @pytest.fixture(scope="module")
 def wt2_tokenizer(wikitext):
     # the reference counts all three splits for WikiText (valid/test add no new types)
     return train_word_level_tokenizer(wikitext["train"] + wikitext["valid"] + wikitext["test"])
+
+
+@pytest.fixture(scope="module")
+def generated(wikitext_folder):
+    """The generated WikiText-like splits and the tokenizer counted over all three (their valid/test add types)."""
+    lines = read_splits(wikitext_folder)
+    return lines, train_word_level_tokenizer(lines["train"] + lines["valid"] + lines["test"])
 
 
 def test_wikitext2_vocabulary_and_training_tokens(wikitext, wt2_tokenizer):
@@ -64,12 +76,13 @@ def test_build_vocab_min_freq_max_size():
     assert build_vocab(words, counts, max_size=1, special_tokens=("<eos>", "<unk>")) == ["<eos>", "<unk>", "a"]
 
 
-def test_arrow_fast_path_equals_rust_tokenizer(wikitext, wt2_tokenizer):
-    plan = WordLevelPlan.from_tokenizer(wt2_tokenizer)
+def test_arrow_fast_path_equals_rust_tokenizer(generated):
+    splits, tokenizer = generated
+    plan = WordLevelPlan.from_tokenizer(tokenizer)
     tricky = ["", "   ", " a  b ", "x<unk>y", "sep\x1cword", "tab\tand\u3000ideographic\u2028space", "The cat"]
-    for lines in (wikitext["valid"], tricky):
-        fast, fast_counts = encode_lines(lines, wt2_tokenizer, plan)
-        rust, rust_counts = encode_lines(lines, wt2_tokenizer)
+    for lines in (splits["valid"], tricky):
+        fast, fast_counts = encode_lines(lines, tokenizer, plan)
+        rust, rust_counts = encode_lines(lines, tokenizer)
         np.testing.assert_array_equal(fast, rust)
         np.testing.assert_array_equal(fast_counts, rust_counts)
     lower = train_word_level_tokenizer(["The Cat", "İstanbul ΣΑΣ sat"], lowercase=True)
@@ -93,7 +106,7 @@ def test_round_trips():
     word = train_word_level_tokenizer(["the cat sat", "on the mat"])
     ids = word("the cat sat on the dog")["input_ids"]
     assert word.convert_ids_to_tokens(ids)[-1] == "<eos>" and word.convert_ids_to_tokens(ids)[-2] == "<unk>"
-    assert word.decode(word("the cat sat")["input_ids"], skip_special_tokens=True) == "the cat sat"
+    assert word.decode(word("the cat sat")["input_ids"], skip_special_tokens=True) == " the cat sat"  # word spaces
     char = train_char_level_tokenizer(["hello world"])
     assert char.decode(char("hello")["input_ids"]) == "hello\n"  # newline ends every line, like the raw text
     assert char.decode(char("hez")["input_ids"]) == "he<unk>\n"
@@ -105,8 +118,7 @@ def test_round_trips():
 
 @pytest.fixture(scope="module")
 def unigram():
-    lines = read_lines(DATA / "tinyshakespeare" / "input.txt")[:4000]
-    return train_unigram_tokenizer(lines, vocab_size=400)
+    return train_unigram_tokenizer(play_text(150_000).splitlines()[:4000], vocab_size=400)
 
 
 def test_word_level_pads_left_and_char_level_pairs_end_lines(tmp_path):
@@ -159,7 +171,7 @@ def test_corpus_encoding_ignores_the_tokenizers_padding_and_truncation(tmp_path)
     truncation on in the Rust tokenizer (or a tokenizer.json saved so); that state is left as it was."""
     from transformers import AutoTokenizer
 
-    tokenizer = train_unigram_tokenizer(read_lines(DATA / "tinyshakespeare" / "input.txt")[:2000], vocab_size=300)
+    tokenizer = train_unigram_tokenizer(play_text(150_000).splitlines()[:2000], vocab_size=300)
     lines = ["First Citizen:", "Before we proceed any further, hear me speak."]
     clean = encode_lines(lines, tokenizer)
     tokenizer(["x", "y z"], padding=True, truncation=True, max_length=3)
@@ -327,7 +339,7 @@ def test_train_tokenizer_script_and_real_config(tmp_path, capsys):
         script.main(["--corpus", str(tmp_path / "nonexistent.txt"), "--output", str(tmp_path / "bad")])
 
 
-def test_train_tokenizer_all_splits_counts_train_valid_test_in_that_order(tmp_path, wikitext, wt2_tokenizer):
+def test_train_tokenizer_all_splits_counts_train_valid_test_in_that_order(tmp_path, wikitext_folder, generated):
     """`--all-splits` on a WikiText folder (its files list test, train, valid alphabetically) gives the reference's
     ids: frequency ties broken by first appearance over train, then valid, then test."""
     import importlib.util
@@ -336,8 +348,8 @@ def test_train_tokenizer_all_splits_counts_train_valid_test_in_that_order(tmp_pa
                                                   "train_tokenizer.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    script.main(["--corpus", str(DATA / "wikitext-2"), "--kind", "word", "--all-splits", "--output",
+    script.main(["--corpus", str(wikitext_folder), "--kind", "word", "--all-splits", "--output",
                  str(tmp_path / "tok"), "--cache-dir", str(tmp_path / "cache")])
     from transformers import AutoTokenizer
 
-    assert AutoTokenizer.from_pretrained(tmp_path / "tok").get_vocab() == wt2_tokenizer.get_vocab()
+    assert AutoTokenizer.from_pretrained(tmp_path / "tok").get_vocab() == generated[1].get_vocab()

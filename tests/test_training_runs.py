@@ -1,4 +1,5 @@
-"""End-to-end training runs on the `debug` preset and a 30k-character slice of tinyshakespeare.
+"""End-to-end training runs on the `debug` preset and a generated 30k-character play
+(tests/generated_corpora.py).
 
 Runs go through `run_pretraining` with a character-level tokenizer built here (data_builder), so they test the
 training loop itself: 2 processes over gloo vs 1 process, resume after SIGKILL, gradient accumulation, the NaN guard,
@@ -16,6 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from generated_corpora import play_text
+
+pytestmark = pytest.mark.slow  # several launches of 1 and 2 processes: `.ci/run` leaves them out of its second pass
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -47,7 +52,7 @@ DRIVER = textwrap.dedent('''
         split = int(len(ids) * 0.9)
         data = data_from_tokens(tokenizer, ids[:split], ids[split:], num_streams=per_process * world,
                                 tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
-                                process_index=rank, info={"char_level": True, "dataset_name": "tinyshakespeare"})
+                                process_index=rank, info={"char_level": True, "dataset_name": "play"})
         if os.environ.get("RECORD_ROWS"):  # what this rank reads at each step
             original, seen = data.train.batch, {}
 
@@ -82,8 +87,7 @@ DROPOUT = ["--dropout", "0.1"]  # the resume test needs dropout: exact resume mu
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("training_runs")
-    data = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    (root / "corpus.txt").write_text(data.read_text()[:30_000])
+    (root / "corpus.txt").write_text(play_text(30_000)[:30_000])
     (root / "driver.py").write_text(DRIVER)
     return root
 
@@ -189,7 +193,9 @@ def test_resume_with_another_process_count_is_refused_by_every_process(workdir, 
                         processes=2, check=False)
     assert result.returncode != 0
     # both ranks stop on the layout check, before Accelerate's load_state (rank 1 has no memories file to read)
-    assert result.stderr.count("was written with num_processes=1, this run has num_processes=2") == 2, result.stderr[-3000:]
+    assert result.stderr.count("was written with train_batch_size=4 over 1 process(es) x 1 chunk(s) of 4 streams, this "
+                               "run has train_batch_size=4 over 2 process(es) x 1 chunk(s) of 2 streams") == 2, \
+        result.stderr[-3000:]
     assert "memories_rank1" not in result.stderr
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before  # nothing written
 

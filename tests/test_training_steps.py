@@ -20,8 +20,10 @@ from modeling_xl.training import list_checkpoints, objectives
 from modeling_xl.training.plm import plm_data_from_tokens
 from modeling_xl.training.steps import clm_objective
 
+from generated_corpora import play_text
+
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+CORPUS_TEXT = play_text(40_000)  # generated (tests/generated_corpora.py): no data beside the checkout needed
 
 
 def char_tokenizer(text):
@@ -33,20 +35,20 @@ def char_tokenizer(text):
 
 
 def builder(args, rank, world, per_process):
-    text = CORPUS.read_text()[:20_000]
+    text = CORPUS_TEXT[:20_000]
     tokenizer = char_tokenizer(text)
     ids = tokenizer(text)["input_ids"]
     return data_from_tokens(tokenizer, ids[:18_000], ids[18_000:], num_streams=per_process * world,
                             tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
-                            process_index=rank, info={"char_level": True, "dataset_name": "tinyshakespeare"})
+                            process_index=rank, info={"char_level": True, "dataset_name": "play"})
 
 
 def plm_builder(args, rank, world, per_process):
-    text = CORPUS.read_text()[:20_000]
+    text = CORPUS_TEXT[:20_000]
     tokenizer = char_tokenizer(text)
     ids = tokenizer(text)["input_ids"]
     return plm_data_from_tokens(tokenizer, ids[:18_000], ids[18_000:], args, num_streams=per_process * world,
-                                num_processes=world, process_index=rank, info={"dataset_name": "tinyshakespeare"})
+                                num_processes=world, process_index=rank, info={"dataset_name": "play"})
 
 
 def debug_args(out, *extra):
@@ -155,12 +157,12 @@ def builder_with(characters: int = 20_000, extra_symbol: str = ""):
     """`builder` on the first `characters` of the corpus (training stream: all but the last 2,000 tokens), with
     `extra_symbol` added to the tokenizer's vocabulary."""
     def build(args, rank, world, per_process):
-        text = CORPUS.read_text()[:characters]
+        text = CORPUS_TEXT[:characters]
         tokenizer = char_tokenizer(text + extra_symbol)
         ids = tokenizer(text)["input_ids"]
         return data_from_tokens(tokenizer, ids[:-2000], ids[-2000:], num_streams=per_process * world,
                                 tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
-                                process_index=rank, info={"char_level": True, "dataset_name": "tinyshakespeare"})
+                                process_index=rank, info={"char_level": True, "dataset_name": "play"})
 
     return build
 
@@ -312,8 +314,8 @@ def eval_history(out):
 
 
 def test_script_on_a_char_level_text_file_reports_bpc(tmp_path):
-    corpus = tmp_path / "shakespeare.txt"
-    corpus.write_text(CORPUS.read_text()[:40_000])
+    corpus = tmp_path / "play.txt"
+    corpus.write_text(CORPUS_TEXT[:40_000])
     out = tmp_path / "out"
     assert run_script(["--preset", "debug", "--train_file", str(corpus), "--tokenizer_type", "char",
                        "--max_train_steps", "30", "--learning_rate", "1e-2", "--train_batch_size", "8",
@@ -325,11 +327,11 @@ def test_script_on_a_char_level_text_file_reports_bpc(tmp_path):
     assert config["tokenizer_type"] == "char" and config["resolved_batch"]["train_batch_size"] == 8
 
 
-def test_plm_objective_trains_on_wikitext2(tmp_path, shared_data):
+def test_plm_objective_trains_on_a_wikitext_folder(tmp_path, wikitext_folder):
     out = tmp_path / "plm"
-    valid = tmp_path / "valid.txt"  # the final evaluation reads the whole split: 100 lines keep it to seconds
-    valid.write_text("\n".join((shared_data / "wikitext-2" / "valid.txt").read_text().splitlines()[:100]) + "\n")
-    assert run_script(["--objective", "plm", "--preset", "debug", "--dataset_name", str(shared_data / "wikitext-2"),
+    valid = tmp_path / "valid.txt"  # the final evaluation reads the whole split: 250 lines keep it to seconds
+    valid.write_text("\n".join((wikitext_folder / "valid.txt").read_text().splitlines()[:250]) + "\n")
+    assert run_script(["--objective", "plm", "--preset", "debug", "--dataset_name", str(wikitext_folder),
                        "--validation_file", str(valid), "--tgt_len", "16", "--mem_len", "8", "--max_train_steps", "40",
                        "--learning_rate", "1e-2", "--eval_steps", "20", "--max_eval_segments", "10",
                        "--output_dir", str(out)]) == 0

@@ -8,13 +8,16 @@ import numpy as np
 import pytest
 import torch
 
+from modeling_xl.runs import check_output_dir
 from modeling_xl.training import arguments as arguments_module
 from modeling_xl.training.accumulation import chunk_loss_weight, chunk_slices
 from modeling_xl.training.arguments import parse_args, processes_split
 from modeling_xl.training.checkpointing import list_checkpoints, resolve_checkpoint, save_checkpoint
-from modeling_xl.training.evaluation import bits_per_character, perplexity, recurrence_settings
+from modeling_xl.stream_scoring import bits_per_character, perplexity, recurrence_settings
 from modeling_xl.training.publishing import HubUploadError, push_folder, upload_file_list
 from modeling_xl.training.data import data_from_tokens
+
+from generated_corpora import write_wikitext_folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,7 +128,7 @@ def test_unwritable_output_dir_is_reported(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     with pytest.raises(ValueError, match=r"output_dir=.* is not writable"):
-        arguments_module.check_output_dir(str(blocker / "out"))
+        check_output_dir(str(blocker / "out"), arguments_module.earlier_pretraining_run)
 
 
 def test_output_dir_check_leaves_other_processes_probes_alone(tmp_path):
@@ -134,7 +137,7 @@ def test_output_dir_check_leaves_other_processes_probes_alone(tmp_path):
     then reported the folder as not writable). The check leaves nothing behind."""
     other = tmp_path / ".write_test"  # the probe name every process used before
     other.write_text("another process's probe")
-    assert arguments_module.check_output_dir(str(tmp_path)) == tmp_path
+    assert check_output_dir(str(tmp_path), arguments_module.earlier_pretraining_run) == tmp_path
     assert other.read_text() == "another process's probe"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".write_test"]
 
@@ -367,15 +370,16 @@ def _card(tmp_path, argv, data_info):
                       data_info=data_info, wall_time_s=60.0, hardware="1 x cpu")
 
 
-def test_card_of_a_local_dataset_folder_names_it_without_its_path(tmp_path, shared_data):
+def test_card_of_a_local_dataset_folder_names_it_without_its_path(tmp_path):
     from modeling_xl.training.corpus import describe
 
-    folder = str(shared_data / "wikitext-2") + "/"
+    data_root = tmp_path / "data"
+    folder = str(write_wikitext_folder(data_root / "wikitext-2", train_lines=20)) + "/"
     args = parse_args(["--preset", "debug", "--dataset_name", folder])
     info = describe(args, folder, _Tokenizer(), {"train": np.zeros(10), "validation": np.zeros(5)})
     assert info["dataset_name"] == "wikitext-2" and info["hub_dataset"] is None
     card = _card(tmp_path, ["--dataset_name", folder], info)
-    assert card.data.datasets is None and str(shared_data) not in str(card)
+    assert card.data.datasets is None and str(data_root) not in str(card)
     assert card.data.eval_results[0].dataset_type == "wikitext-2"
     hub = describe(parse_args(["--dataset_name", "someone/corpus"]), "someone/corpus", _Tokenizer(),
                    {"train": np.zeros(10), "validation": np.zeros(5)})

@@ -10,7 +10,7 @@ from modeling_xl.xlnet_conversion import (
     config_from_xlnet,
     convert_xlnet_checkpoint,
     convert_xlnet_state_dict,
-    load_xlnet_into,
+    from_xlnet,
     xlnet_classification_head_state_dict,
 )
 
@@ -62,7 +62,7 @@ def test_sequence_classification_weights_arrive_and_reproduce_transformers_logit
     torch.testing.assert_close(head["sequence_summary.summary.bias"],
                                reference.sequence_summary.summary.bias.detach())
     # The backbone of a classification checkpoint loads too; with the mapped head it gives transformers' logits.
-    backbone = load_xlnet_into(TransformerXLPermutationModel, reference)
+    backbone = from_xlnet(TransformerXLPermutationModel, reference)
     x, tt = torch.randint(0, V, (2, 7)), torch.tensor([[0, 0, 0, 1, 1, 1, 2]] * 2)
     attention_mask = torch.ones(2, 7)
     attention_mask[0, :2] = 0.0
@@ -76,7 +76,7 @@ def test_sequence_classification_weights_arrive_and_reproduce_transformers_logit
 
 def test_bare_xlnet_model_loads_into_backbone():
     reference = XLNetModel(xlnet_config()).eval()
-    ours = load_xlnet_into(TransformerXLPermutationModel, reference)
+    ours = from_xlnet(TransformerXLPermutationModel, reference)
     x = torch.randint(0, V, (2, 5))
     torch.testing.assert_close(ours(x).last_hidden_state, reference(x).last_hidden_state, atol=1e-5, rtol=0)
 
@@ -99,4 +99,4 @@ def test_bad_checkpoints_raise_naming_the_key():
     with pytest.raises(ValueError, match="ff_activation='gelu_new' is not supported"):
         config_from_xlnet(xlnet_config(ff_activation="gelu_new"))
     with pytest.raises(ValueError, match="is not a folder"):
-        TransformerXLForPermutationLM.from_xlnet("/nonexistent/xlnet")
+        from_xlnet(TransformerXLForPermutationLM, "/nonexistent/xlnet")

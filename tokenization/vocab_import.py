@@ -81,7 +81,7 @@ def read_legacy_vocab_pkl(path: str | Path) -> dict:
     path = Path(path)
     try:
         result = _walk(path.read_bytes())
-    except (ValueError, IndexError, KeyError, TypeError) as error:
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError) as error:  # any malformed opcode sequence
         raise ValueError(f"{path} is not a legacy Transformer-XL vocab.pkl this safe parser can read ({error}); "
                          f"expected a pickled dict with 'idx2sym', or convert the vocabulary to a vocab.txt list") \
             from error

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from ._wrapping import wrap_tokenizer
 from .arrow_words import as_string_array, split_words
@@ -71,7 +71,9 @@ def word_level_tokenizer(vocab: Sequence[str], *, unk_token: str = UNK, eos_toke
                          add_eos: bool = True, lowercase: bool = False):
     """A transformers fast tokenizer with exactly these ids (vocab[i] has id i).
 
-    `add_eos` appends `eos_token` to every encoded text (one per corpus line, as Transformer-XL). Padding goes on
+    `add_eos` appends `eos_token` to every encoded text (one per corpus line, as Transformer-XL). Each word decodes
+    with a leading space (`decode` of "the cat" gives " the cat"), so decoded continuations append to their prompt
+    string. Padding goes on
     the left (generation continues every row at the same column). The vocabulary has no pad symbol (as the reference's;
     one would change the model's vocabulary size): for `padding=True` set `tokenizer.pad_token = tokenizer.eos_token`
     (`attention_mask` hides the padding). Then label collators that ignore the pad id, such as transformers'
@@ -86,6 +88,10 @@ def word_level_tokenizer(vocab: Sequence[str], *, unk_token: str = UNK, eos_toke
     ids = {symbol: i for i, symbol in enumerate(vocab)}
     tokenizer = Tokenizer(models.WordLevel(vocab=ids, unk_token=unk_token))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # every word decodes with the space before it (as GPT-2's byte-level words and WikiText's lines, which start with
+    # a space): the ids of a continuation then decode to text that appends to its prompt, as pipeline("text-generation")
+    # and TextStreamer do (without it, "the market" + "of the" reads "the marketof the")
+    tokenizer.decoder = decoders.Replace(Regex("^"), " ")
     if lowercase:
         tokenizer.normalizer = normalizers.Lowercase()
     if add_eos:

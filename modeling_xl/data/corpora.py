@@ -169,13 +169,25 @@ def _stdlib_sources(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts))
 
 
+def builtin_source_files() -> tuple[Path, list[Path]]:
+    """(the standard library's folder, the files the built-in corpus reads, sorted)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return root, _stdlib_sources(root)
+
+
+def prose_paragraphs(file: Path):
+    """The prose paragraphs of one file's docstrings (wrapped lines joined), in order: the built-in corpus's rows."""
+    for text in _documents(Path(file)):
+        for paragraph in text.split("\n\n"):
+            if _is_prose(paragraph):
+                yield " ".join(line.strip() for line in paragraph.splitlines())
+
+
 def _prose_rows(files: list[str], root: str, key: str):
     """Rows {"text": paragraph} of every file (key only identifies the cache entry)."""
     for file in files:
-        for text in _documents(Path(file)):
-            for paragraph in text.split("\n\n"):
-                if _is_prose(paragraph):
-                    yield {"text": " ".join(line.strip() for line in paragraph.splitlines())}
+        for paragraph in prose_paragraphs(Path(file)):
+            yield {"text": paragraph}
 
 
 def _documents(file: Path):

@@ -1,4 +1,9 @@
-"""Offline `evaluate` metric modules (accuracy, f1): `evaluate.load(str(METRICS_DIR / "accuracy"))`."""
+"""Offline `evaluate` metric modules: `evaluate.load(str(METRICS_DIR / "accuracy"))`.
+
+- `accuracy`, `f1` (binary / macro / micro / weighted / per class): single-label classification;
+- `multilabel_f1` (micro / macro / per class, subset accuracy): multi-label classification, 0/1 rows;
+- `pearsonr`, `spearmanr`: regression.
+"""
 
 from pathlib import Path
 

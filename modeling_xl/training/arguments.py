@@ -17,16 +17,17 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from ..configuration_transformer_xl import PRESETS, RECIPES
+from ..cli import base_type, dataclass_parser, parse_bool
+from ..configuration_transformer_xl import PRESETS
+from ..runs import LOG_FILE, check_model_source, choice, positive_int
 from .checkpointing import CHECKPOINTS
-from .feedback import LOG_FILE, PLOT_FILE
+from .feedback import PLOT_FILE
+from .recipes import RECIPES
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ _RECIPE_FIELDS = {
     "learning_rate": "learning_rate",
     "warmup_steps": "num_warmup_steps",
     "max_steps": "max_train_steps",
+    "max_grad_norm": "max_grad_norm",
 }
 
 
@@ -102,9 +104,10 @@ class PretrainArguments:
     adam_epsilon: float = 1e-8
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "cosine, linear, constant, constant_with_warmup"})
     num_warmup_steps: int | None = field(default=None, metadata={"help": "linear warmup steps"})
-    max_grad_norm: float = field(default=0.25, metadata={"help": "gradient clipping (0.25 in the paper; 0: off)"})
+    max_grad_norm: float | None = field(default=None, metadata={"help": "gradient clipping (default: the recipe's, else 0.25 as in the paper; 0: off)"})
     mixed_precision: str | None = field(default=None, metadata={"help": "no, fp16 or bf16 (default: accelerate config)"})
     seed: int = 42
+    ddp_timeout: int = field(default=1800, metadata={"help": "seconds a process waits for the others in a collective (a stalled or dead rank ends the run after this, instead of hanging); as transformers' ddp_timeout"})
     # evaluation, checkpoints, feedback
     eval_steps: int | None = field(default=None, metadata={"help": "evaluate every N steps (default: 5 times per run)"})
     max_eval_segments: int | None = field(default=None, metadata={"help": "cap evaluation during training at N segments (final evaluation: all)"})
@@ -126,21 +129,10 @@ class PretrainArguments:
         return dataclasses.asdict(self)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """argparse parser with one `--name` per dataclass field (booleans accept `--flag` or `--flag false`)."""
-    parser = argparse.ArgumentParser(
-        description="Pretrain a Transformer-XL (clm) or XLNet-style permutation LM (plm) with Accelerate.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    for f in dataclasses.fields(PretrainArguments):
-        kind = _base_type(f.type)
-        kwargs = {"default": argparse.SUPPRESS, "help": f.metadata.get("help", f.name)}
-        if kind is bool:
-            kwargs.update(nargs="?", const=True, type=_parse_bool)
-        else:
-            kwargs["type"] = kind
-        parser.add_argument(f"--{f.name}", **kwargs)
-    return parser
+def build_parser():
+    """argparse parser with one `--name` per field (`modeling_xl.cli`; booleans accept `--flag` or `--flag false`)."""
+    return dataclass_parser(PretrainArguments, description="Pretrain a Transformer-XL (clm) or XLNet-style "
+                            "permutation LM (plm) with Accelerate.")
 
 
 def parse_args(argv: list[str] | None = None) -> PretrainArguments:
@@ -155,10 +147,26 @@ def load_config_file(path: str) -> dict:
     be silently ignored). YAML reads `3e-4` as a string and `no` as false: both are converted or named here."""
     if not os.path.isfile(path):
         raise ValueError(f"config={path!r} does not exist; expected a YAML or JSON file of arguments")
-    with open(path, encoding="utf-8") as handle:
-        values = yaml.safe_load(handle) or {}
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"config={path!r} is not UTF-8 text (byte {error.start}, line {line}: {error.reason}); "
+                         "expected a YAML or JSON file saved as UTF-8") from None
+    try:
+        values = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ValueError(f"config={path!r} is not valid YAML{where} ({problem}); expected a mapping of "
+                         "argument: value") from None
     if not isinstance(values, dict):
         raise ValueError(f"config={path!r} holds a {type(values).__name__}; expected a mapping of argument: value")
+    if "config" in values:  # one file of arguments: a nested reference would be silently ignored
+        raise ValueError(f"config={path!r} has a 'config' key ({values['config']!r}); expected the arguments "
+                         "themselves (a config file cannot include another)")
     fields = {f.name: f for f in dataclasses.fields(PretrainArguments)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
@@ -171,12 +179,12 @@ _TYPE_NAMES = {int: "an integer", float: "a number", bool: "a boolean (true/fals
 
 def _convert(path: str, key: str, value, annotation):
     """One value of a config file as the field's type (None only where the field allows it)."""
-    kind = _base_type(annotation)
+    kind = base_type(annotation)
     if value is None and "None" in str(annotation):
         return None
     try:
         if kind is bool:
-            return _parse_bool(value)
+            return parse_bool(value)
         if isinstance(value, bool) or value is None or isinstance(value, (list, dict)):
             raise ValueError(value)
         if kind is int:  # `1e5` (a string to YAML) is 100000; 2.5 steps must not silently become 2
@@ -221,7 +229,8 @@ def resolve(args: PretrainArguments, explicit: set[str] = frozenset()) -> Pretra
                     values["max_train_steps"])
     fallbacks = dict(tgt_len=128, mem_len=128, eval_tgt_len=None, eval_mem_len=None, clamp_len=-1,
                      eval_clamp_len=None, same_length=False, eval_same_length=True, learning_rate=2.5e-4,
-                     num_warmup_steps=0, max_train_steps=1000, train_batch_size=16, output_dir="outputs/pretrain")
+                     num_warmup_steps=0, max_train_steps=1000, train_batch_size=16, output_dir="outputs/pretrain",
+                     max_grad_norm=0.25)
     for name, value in fallbacks.items():
         if values[name] is None:
             values[name] = value
@@ -239,19 +248,19 @@ def resolve(args: PretrainArguments, explicit: set[str] = frozenset()) -> Pretra
 
 def validate(args: PretrainArguments) -> None:
     """Argument-level checks (no I/O beyond existence of named files): ValueError naming argument, value, expectation."""
-    _choice("objective", args.objective, OBJECTIVES)
-    _choice("lr_scheduler_type", args.lr_scheduler_type, SCHEDULERS)
-    _choice("optimizer", args.optimizer, OPTIMIZERS)
-    _choice("report_to", args.report_to, TRACKERS)
-    _choice("tokenizer_type", args.tokenizer_type, ("word", "char", "byte"))
+    choice("objective", args.objective, OBJECTIVES)
+    choice("lr_scheduler_type", args.lr_scheduler_type, SCHEDULERS)
+    choice("optimizer", args.optimizer, OPTIMIZERS)
+    choice("report_to", args.report_to, TRACKERS)
+    choice("tokenizer_type", args.tokenizer_type, ("word", "char", "byte"))
     if args.mixed_precision is not None:
-        _choice("mixed_precision", args.mixed_precision, PRECISIONS)
+        choice("mixed_precision", args.mixed_precision, PRECISIONS)
     for name in ("train_batch_size", "tgt_len", "eval_tgt_len", "max_train_steps", "gradient_accumulation_steps",
-                 "eval_steps", "logging_steps"):
-        _positive(name, getattr(args, name))
+                 "eval_steps", "logging_steps", "ddp_timeout"):
+        positive_int(name, getattr(args, name))
     for name in ("per_device_train_batch_size", "checkpointing_steps", "max_eval_segments", "checkpoints_total_limit"):
         if getattr(args, name) is not None:
-            _positive(name, getattr(args, name))
+            positive_int(name, getattr(args, name))
     if args.tokenizer_vocab_size is not None:
         specials = ["<eos>", "<unk>"] + (["<sep>", "<cls>"] if args.objective == "plm" else [])
         value = args.tokenizer_vocab_size
@@ -320,47 +329,6 @@ def earlier_pretraining_run(folder: Path) -> list[str]:
     return [name for name in (CHECKPOINTS, LOG_FILE) if (folder / name).exists()]
 
 
-def check_output_dir(path: str, resuming: bool = False, overwrite: bool = False, earlier_run=None) -> Path:
-    """Create the output folder and prove it is writable (before any training time is spent).
-
-    A folder that holds an earlier run (pretraining: checkpoints/ or train_log.jsonl; other runs pass
-    `earlier_run(folder)` -> the names that mark one) is refused unless this run resumes from a checkpoint or
-    `overwrite` is set: a fresh run there would mix its log with the old one, and pruning would delete its own
-    checkpoints in favour of the old run's higher steps. Nothing is written before that check.
-    """
-    out = Path(path)
-    earlier = (earlier_run or earlier_pretraining_run)(out) if out.is_dir() else []
-    if earlier and not resuming and not overwrite:
-        raise ValueError(f"output_dir={path!r} already holds an earlier run ({', '.join(earlier)}); expected an empty "
-                         "or new folder, --resume_from_checkpoint latest to continue that run, or "
-                         "--overwrite_output_dir to start afresh there (deletes its checkpoints and logs)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        # a probe file of its own per process (every process of a multi-process run checks the same folder at once);
-        # closing it deletes it
-        tempfile.NamedTemporaryFile(dir=out, prefix=".write_test_").close()
-    except OSError as error:
-        raise ValueError(f"output_dir={path!r} is not writable ({error.strerror or error}); expected a folder you "
-                         "can write to") from None
-    return out
-
-
-def clear_run_records(folder: Path, names=RUN_RECORDS) -> list[str]:
-    """Delete what an earlier run wrote (`names`, default a pretraining run's `RUN_RECORDS`) for
-    `--overwrite_output_dir`; other files stay. Returns the names deleted."""
-    deleted = []
-    for name in names:
-        path = folder / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
-        else:
-            continue
-        deleted.append(name)
-    return deleted
-
-
 def save_resolved(args: PretrainArguments, folder: Path, extra: dict | None = None) -> None:
     """Write the resolved run configuration as YAML and JSON (`training_config.{yaml,json}`); `--push_to_hub`
     uploads them, so the Hub token is written as `<HUB_TOKEN>` (as transformers' TrainingArguments does)."""
@@ -369,44 +337,3 @@ def save_resolved(args: PretrainArguments, folder: Path, extra: dict | None = No
         values["hub_token"] = "<HUB_TOKEN>"
     (folder / "training_config.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
     (folder / "training_config.json").write_text(json.dumps(values, indent=2))
-
-
-def check_model_source(name: str, value: str | None) -> None:
-    """ValueError when `value` is meant as a local path (absolute, relative with ./ ../, or more than one "/") and
-    does not exist, or starts with "~" (which nothing expands on the way to `from_pretrained`); otherwise
-    transformers would read it as a Hub id and fail on its characters."""
-    if value is None:
-        return
-    if value.startswith("~"):
-        raise ValueError(f"{name}={value!r} starts with '~', which is not expanded here; expected the full path "
-                         f"({os.path.expanduser(value)!r})")
-    if os.path.exists(value):
-        return
-    if value.startswith(("/", ".")) or value.count("/") > 1 or os.sep != "/" and os.sep in value:
-        raise ValueError(f"{name}={value!r} does not exist; expected a local folder (written by save_pretrained) or "
-                         "a Hub id 'name' / 'user/name'")
-
-
-def _choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is invalid; expected one of {list(choices)}")
-
-
-def _positive(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name}={value!r} is invalid; expected a positive integer")
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = str(text).lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
-def _base_type(annotation) -> type:
-    """`int | None` -> int, 'float' -> float (annotations are strings under `from __future__ import annotations`)."""
-    text = str(annotation).replace("None", "").replace("|", "").strip()
-    return {"int": int, "float": float, "bool": bool, "str": str}[text]

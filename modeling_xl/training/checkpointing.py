@@ -22,8 +22,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from .checkpoint_validation import check_files_complete, load_error
+from .checkpoint_validation import read_training_state as _read_validated_state
+
 CHECKPOINTS = "checkpoints"
-STATE_FILE = "training_state.json"
+from .checkpoint_validation import STATE_FILE  # noqa: E402  (one name for the file, validated there)
 _NAME = re.compile(r"^step_(\d+)$")
 
 
@@ -111,14 +114,39 @@ def write_checkpoint(accelerator, final: Path, step: int, state: dict, name: str
 
 def read_training_state(folder) -> dict:
     """The checkpoint's `training_state.json` (step, layout, data position): read, and checked with
-    `check_compatible`, before anything is written or loaded."""
-    return json.loads((Path(folder) / STATE_FILE).read_text())
+    `check_compatible`, before anything is written or loaded. Every field is validated
+    (`checkpoint_validation`): a malformed or hand-edited file is a `CheckpointError` naming the field, and so is a
+    truncated weights, optimizer, scheduler or memories file."""
+    state = _read_validated_state(folder)
+    check_files_complete(folder)
+    return state
 
 
-def load_checkpoint(accelerator, folder: Path, num_chunks: int, device) -> list:
-    """Restore Accelerate's state, this process's memories and RNG; returns the memories (one entry per chunk)."""
-    accelerator.load_state(str(folder))
-    tensors = load_file(str(Path(folder) / f"memories_rank{accelerator.process_index}.safetensors"))
+def load_checkpoint(accelerator, folder: Path, num_chunks: int, device, saved: dict | None = None,
+                    layout: dict | None = None) -> list:
+    """Restore Accelerate's state, this process's memories and RNG; returns the memories (one entry per chunk).
+    With the checkpoint's training state `saved` and this run's `layout`, the memories are taken from the processes
+    and chunks that held the same streams (another number of processes, see `process_layout`). A damaged file is a
+    `CheckpointError` naming the checkpoint, the file and the previous checkpoint."""
+    try:
+        accelerator.load_state(str(folder))
+    except Exception as error:  # whatever the reading library raises: name the file instead
+        raise load_error(folder, error) from None
+    if saved is not None and layout is not None:
+        from .process_layout import load_memories
+
+        try:
+            memories, rng_state = load_memories(folder, saved, layout, accelerator.process_index, device)
+        except Exception as error:
+            raise load_error(folder, error) from None
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        return memories
+    memories_file = Path(folder) / f"memories_rank{accelerator.process_index}.safetensors"
+    try:
+        tensors = load_file(str(memories_file))
+    except Exception as error:
+        raise load_error(folder, error, memories_file.name) from None
     torch.set_rng_state(tensors.pop("rng_state"))
     return tensors_to_memories(tensors, num_chunks, device)
 

@@ -134,6 +134,20 @@ def is_character_level(tokenizer) -> bool:
     return model.get("type") == "BPE" and not model.get("merges")
 
 
+def tokenizer_kind(tokenizer) -> str:
+    """What a tokenizer is, in words, from its `tokenizer.json` model: "word level", "character level", "byte level"
+    (the tokenizers of `tokenization`), "Unigram", "BPE", "WordPiece"; else the model type, or the class name."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return type(tokenizer).__name__
+    saved = json.loads(backend.to_str())
+    model = saved["model"].get("type")
+    if is_character_level(tokenizer):
+        return "byte level" if (saved.get("decoder") or {}).get("type") == "ByteLevel" else "character level"
+    return {"WordLevel": "word level", "BPE": "BPE", "Unigram": "Unigram", "WordPiece": "WordPiece"}.get(
+        model, model or type(tokenizer).__name__)
+
+
 def describe(args, source: str, tokenizer, ids: dict[str, np.ndarray]) -> dict:
     """Facts about the data for logs and the model card."""
     from ..data.corpora import BUILTIN_NAMES
@@ -157,9 +171,9 @@ def describe(args, source: str, tokenizer, ids: dict[str, np.ndarray]) -> dict:
         "dataset_pretty_name": name,
         "hub_dataset": None if local or builtin else source,
         "description": description,
-        "tokenizer": f"{type(tokenizer).__name__}, {len(tokenizer):,} tokens"
-                     + (f" ({args.tokenizer_type} level, trained on the training split)"
-                        if not (args.tokenizer_name or args.model_name_or_path) else ""),
+        "tokenizer": f"{tokenizer_kind(tokenizer)}, {len(tokenizer):,} symbols"
+                     + (", trained on the training split" if not (args.tokenizer_name or args.model_name_or_path)
+                        else ""),
         "char_level": char_level,
         "example_prompt": "The",
         "train_tokens": int(len(ids["train"])),

@@ -1,40 +1,15 @@
-"""What a person watching the run sees: progress bar, per-step JSONL log, trackers, loss-curve PNG."""
+"""What a person watching the run sees: progress bar, trackers, loss-curve PNG (the step log is `modeling_xl.runs`)."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-LOG_FILE = "train_log.jsonl"  # one JSON object per line: {"step", "loss", "lr", ...} or {"step", "eval_loss", ...}
+from ..runs import read_log
+
 PLOT_FILE = "loss_curve.png"
-
-
-class StepLog:
-    """Append-only JSONL log in the output folder (main process only). On resume, entries after the resumed step
-    are dropped first, so the file reads as one uninterrupted run. The file is created by the first record: a run
-    that fails before it leaves none (which would otherwise mark the folder as holding an earlier run)."""
-
-    def __init__(self, output_dir, enabled: bool, resume_step: int | None = None):
-        self.path = Path(output_dir) / LOG_FILE
-        self.enabled = enabled
-        if enabled and self.path.exists():
-            kept = [r for r in read_log(self.path) if resume_step is not None and r["step"] <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-
-    def write(self, record: dict) -> None:
-        if self.enabled:
-            with self.path.open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
-
-
-def read_log(path) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 class Progress:

@@ -10,22 +10,26 @@ import logging
 import platform
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Callable
 
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 
-from .arguments import (PretrainArguments, check_output_dir, clear_run_records, earlier_pretraining_run,
-                        processes_split, save_resolved)
+from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run
+from .arguments import RUN_RECORDS, PretrainArguments, earlier_pretraining_run, processes_split, save_resolved
 from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
                             resolve_checkpoint, save_checkpoint)
 from .data import PretrainData, tokenizer_vocab_size
-from .feedback import LOG_FILE, PLOT_FILE, Progress, StepLog, plot_losses, tracker_names
+from .engines import check_engine, describe_run, final_model, refuse_unsupported
+from .feedback import PLOT_FILE, Progress, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
 from .objectives import objective_for
+from .output_guard import OutputDirLock, check_output_contents, is_launch_main_process
+from .process_layout import PROCESS_KEYS, check_process_layout
 from .publishing import model_card, push_folder, save_card_keeping_sections, write_results
+from .shared_storage import check_shared_folder
 from .steps import NonFiniteLossError, train_step
-from .teardown import end_run
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +60,8 @@ def make_accelerator(args: PretrainArguments) -> Accelerator:
         log_with=trackers or None,
         project_config=ProjectConfiguration(project_dir=args.output_dir, logging_dir=f"{args.output_dir}/runs"),
         dataloader_config=DataLoaderConfiguration(split_batches=True),
+        # a stalled or dead rank ends the run after ddp_timeout seconds instead of leaving the others waiting forever
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout))],
     )
 
 
@@ -63,12 +69,23 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     """Train, evaluate, write the final folder (and push it). Returns the final validation metrics.
 
     `data_builder(args, process_index, num_processes, per_process)` -> PretrainData; default: `corpus.build_data`
-    (the datasets/tokenizers pipeline). Tests pass their own to train on tiny corpora.
+    (the datasets/tokenizers pipeline). Tests pass their own to train on tiny corpora. The output folder is locked
+    for the whole run (`output_guard.OutputDirLock`): a second run there is refused instead of mixing with this one.
     """
+    with OutputDirLock(args.output_dir, enabled=is_launch_main_process()):
+        return _run_pretraining(args, data_builder)
+
+
+def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     started = time.perf_counter()
     resuming = args.resume_from_checkpoint is not None
-    output_dir = check_output_dir(args.output_dir, resuming=resuming, overwrite=args.overwrite_output_dir)
+    output_dir = check_output_dir(args.output_dir, earlier_pretraining_run, resuming=resuming,
+                                  overwrite=args.overwrite_output_dir)
+    check_output_contents(output_dir, args, holds_earlier_run=bool(earlier_pretraining_run(output_dir)))
     accelerator = make_accelerator(args)
+    describe_run(accelerator, args)
+    refuse_unsupported(accelerator)  # FSDP1, DeepSpeed: named, before any data or model is built
+    check_shared_folder(accelerator, output_dir)  # before a resume looks for its checkpoint there
     global_batch, per_process = processes_split(args, accelerator.num_processes)
     layout = {"train_batch_size": global_batch, "num_processes": accelerator.num_processes,
               "gradient_accumulation_steps": args.gradient_accumulation_steps, "tgt_len": args.tgt_len}
@@ -76,7 +93,9 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     if resuming:  # checked before anything is written or loaded, on every process
         resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint)
         saved = read_training_state(resume_from)
-        check_compatible(saved, layout, resume_from, args.max_train_steps)
+        check_process_layout(saved, layout, resume_from)  # another number of processes, same streams per chunk
+        check_compatible(saved, {k: v for k, v in layout.items() if k not in PROCESS_KEYS}, resume_from,
+                         args.max_train_steps)
     set_seed(args.seed)
     if data_builder is None:
         from .corpus import build_data as data_builder  # the data pipeline (datasets, tokenizers) is only needed here
@@ -92,12 +111,13 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     config = build_config(args, stream["tokenizer_vocab_size"])
     objective = objective_for(args, data)
     model = build_model(args, config, objective.model_class)
+    check_engine(accelerator, args, model)
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer)
     if accelerator.is_main_process:
         # only now, once every check has passed (bad input must not cost the old run), and only if there is one
         if args.overwrite_output_dir and earlier_pretraining_run(output_dir):
-            deleted = clear_run_records(output_dir)
+            deleted = clear_run_records(output_dir, RUN_RECORDS)
             if deleted:
                 logger.info("overwrite_output_dir: deleted %s of the earlier run in %s", ", ".join(deleted), output_dir)
         save_resolved(args, output_dir, {"resolved_batch": layout, "model_config": config.to_dict()})
@@ -125,7 +145,9 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
 
 def restore(accelerator, folder, saved: dict, state: RunState, args) -> None:
     """Load a checkpoint whose training state `saved` already passed `check_compatible`."""
-    memories = load_checkpoint(accelerator, folder, args.gradient_accumulation_steps, accelerator.device)
+    layout = {"train_batch_size": saved["train_batch_size"], "num_processes": accelerator.num_processes,
+              "gradient_accumulation_steps": args.gradient_accumulation_steps}
+    memories = load_checkpoint(accelerator, folder, args.gradient_accumulation_steps, accelerator.device, saved, layout)
     state.step, state.tokens_seen = saved["step"], saved["tokens_seen"]
     state.memories, state.eval_history = memories, saved.get("eval_history", [])
     state.last_checkpoint = str(folder)
@@ -203,7 +225,7 @@ def finish(accelerator, args, model, data, state, results, global_batch: int, wa
     if not accelerator.is_main_process:
         return
     out = args.output_dir
-    unwrapped = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    unwrapped = final_model(accelerator, model, state_dict)  # the plain model class, also under FSDP
     unwrapped.save_pretrained(out, state_dict=state_dict)
     data.tokenizer.save_pretrained(out)
     write_results(out, results, state.eval_history)
@@ -215,7 +237,7 @@ def finish(accelerator, args, model, data, state, results, global_batch: int, wa
             "train_batch_size": global_batch, **({"start": start} if start else {})}
     hardware = f"{accelerator.num_processes} x {accelerator.device.type} ({platform.processor() or platform.machine()})"
     card = model_card(out, repo_id=repo_id, args=args, results=results, data_info=info, wall_time_s=wall_time_s,
-                      hardware=hardware)
+                      hardware=hardware, usage_path=args.hub_model_id or out)
     carried = save_card_keeping_sections(card, f"{out}/README.md")
     if carried:
         logger.info("model card: kept the section(s) %s of the earlier card, marked as measured on earlier weights",

@@ -8,6 +8,7 @@ import torch
 from transformers import get_scheduler
 
 from ..configuration_transformer_xl import TransformerXLConfig
+from ..size_estimate import check_model_fits
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ def build_model(args, config: TransformerXLConfig, model_class=None):
     """A fresh model of `model_class` (default: TransformerXLForCausalLM), or the weights of model_name_or_path."""
     if model_class is None:
         from ..modeling_transformer_xl import TransformerXLForCausalLM as model_class
+    check_model_fits(config, training=True)  # weights, gradients and Adam's moments, before any is allocated
     if args.model_name_or_path is not None:
         model = model_class.from_pretrained(args.model_name_or_path, config=config)
     else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .evaluation import evaluate_causal_lm
+from ..stream_scoring import evaluate_causal_lm
 from .steps import clm_objective
 
 
@@ -36,10 +36,15 @@ def _clm_evaluate(model, config, data, args, device, max_segments, reduce) -> di
 
 
 def objective_for(args, data) -> Objective:
+    """The `--objective` of a run (`clm` or `plm`); the permutation-LM code is imported only when it is chosen."""
     if args.objective == "clm":
         from ..modeling_transformer_xl import TransformerXLForCausalLM
 
         return Objective("clm", TransformerXLForCausalLM, clm_objective, _clm_targets, _clm_evaluate, args.tgt_len)
-    from .plm import plm_objective
+    from .plm import plm_evaluate, plm_model_class, plm_settings, plm_step, plm_target_count
 
-    return plm_objective(args, data)
+    # Each step moves every row reuse_len tokens further through its text: only the reuse part of a sample is new (its
+    # A part is the next step's reuse part, its B part a continuation or a random segment), so tokens/s and
+    # tokens_seen count reuse_len per row and step.
+    return Objective("plm", plm_model_class(), plm_step, plm_target_count, plm_evaluate,
+                     plm_settings(args)["reuse_len"])

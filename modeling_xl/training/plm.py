@@ -13,8 +13,7 @@ import torch
 
 from ..data.plm_layout import NUM_SPECIAL_TOKENS, sentence_ids_from_eos
 from ..data.plm_sampling import PLMCollator, PLMSamplingConfig, build_plm_dataset
-from .evaluation import perplexity, recurrence_settings
-from .objectives import Objective
+from ..stream_scoring import perplexity, recurrence_settings
 
 SPECIAL = {"sep_token": "<sep>", "cls_token": "<cls>"}
 
@@ -132,14 +131,6 @@ def plm_model_class():
     from ..modeling_permutation_lm import TransformerXLForPermutationLM
 
     return TransformerXLForPermutationLM
-
-
-def plm_objective(args, data) -> Objective:
-    """Each step moves every row reuse_len tokens further through its text: only the reuse part of a sample is new
-    (its A part is the next step's reuse part, its B part a continuation or a random segment), so tokens/s and
-    tokens_seen count reuse_len per row and step."""
-    return Objective("plm", plm_model_class(), plm_step, plm_target_count, plm_evaluate,
-                     plm_settings(args)["reuse_len"])
 
 
 def plm_config_overrides(args) -> dict:

@@ -14,7 +14,8 @@ from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 
 from .checkpointing import CHECKPOINTS
 
-UPLOAD_EXCLUDE = [f"{CHECKPOINTS}/*", ".tmp*", "**/.tmp*", ".write_test*"]  # .write_test*: output-folder probes
+# .write_test*: output-folder probes; .run.lock: the lock of the run (output_guard)
+UPLOAD_EXCLUDE = [f"{CHECKPOINTS}/*", ".tmp*", "**/.tmp*", ".write_test*", ".run.lock"]
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_cards"
 
 
@@ -29,7 +30,7 @@ def upload_file_list(folder) -> list[str]:
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder)
         if path.is_file() and relative.parts[0] != CHECKPOINTS and not any(p.startswith(".tmp") for p in relative.parts):
-            if not relative.name.startswith(".write_test"):
+            if not relative.name.startswith(".write_test") and relative.as_posix() != ".run.lock":
                 files.append(relative.as_posix())
     return files
 
@@ -53,8 +54,11 @@ def push_folder(folder, repo_id: str, token: str | None = None, private: bool = 
 
 
 def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wall_time_s: float,
-               hardware: str, template: str = "causal_lm.md") -> ModelCard:
-    """Render `model_cards/<template>` with `model-index` metadata built offline (ModelCardData + EvalResult)."""
+               hardware: str, template: str = "causal_lm.md", usage_path: str | None = None) -> ModelCard:
+    """Render `model_cards/<template>` with `model-index` metadata built offline (ModelCardData + EvalResult).
+
+    `usage_path`: what the card's usage sample loads (the Hub id a folder is pushed to, or the local folder as the
+    user named it); `repo_id` by default."""
     path = TEMPLATES / template
     if not path.is_file():
         raise FileNotFoundError(f"model card template {path} is missing; expected the repository's model_cards/ folder")
@@ -99,6 +103,7 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
                   for k, v in data_info["start"].items() if k in ("perplexity", "bpc")]
     return ModelCard.from_template(
         card_data, template_path=str(path), model_name=repo_id.split("/")[-1], repo_id=repo_id, objective=args.objective,
+        usage_path=usage_path or repo_id,
         architecture=architecture,
         objective_name="causal LM" if args.objective == "clm" else "XLNet-style permutation LM",
         wall_time=f"{wall_time_s / 60:.1f} minutes", hardware=hardware,
@@ -107,6 +112,9 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
                            if args.preset in ("tiny", "debug") else ""),
         dataset_description=data_info.get("description", dataset),
         train_tokens=f"{data_info.get('train_tokens', 0):,}", eval_tokens=f"{data_info.get('eval_tokens', 0):,}",
+        # the Results table counts the tokens scored (a causal LM scores every token but the first)
+        scored_tokens=(f"{results['eval_tokens']:,}" if "eval_tokens" in results
+                       and results["eval_tokens"] != data_info.get("eval_tokens") else None),
         tokenizer_description=data_info.get("tokenizer", "see tokenizer files"),
         hp=args, global_batch=global_batch, hyperparameters=hyperparameters, results=shown,
         reuse_len=reuse_len,

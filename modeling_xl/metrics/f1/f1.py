@@ -14,11 +14,11 @@ _KWARGS_DESCRIPTION = """
 Args:
     predictions (list of int): predicted labels.
     references (list of int): true labels.
-    average (str): "binary" (default), "macro", "micro" or "weighted".
+    average (str): "binary" (default), "macro", "micro", "weighted", or None (one F1 per class of `labels`).
     pos_label (int): the positive class for average="binary" (default 1).
     labels (list of int): the classes to average over (default: every class in predictions or references).
 Returns:
-    f1 (float).
+    f1 (float; a list of floats in the order of `labels` with average=None).
 Example:
     >>> metric = evaluate.load("modeling_xl/metrics/f1")
     >>> metric.compute(predictions=[0, 1, 1, 0], references=[0, 1, 0, 0])
@@ -50,6 +50,8 @@ class F1(evaluate.Metric):
             return {"f1": _class_f1(predictions, references, pos_label)[0]}
         classes = sorted(set(predictions.tolist()) | set(references.tolist())) if labels is None else list(labels)
         per_class = [_class_f1(predictions, references, c) for c in classes]
+        if average is None:
+            return {"f1": [float(f) for f, *_ in per_class]}
         if average == "macro":
             return {"f1": float(np.mean([f for f, *_ in per_class]))}
         if average == "micro":
@@ -58,4 +60,4 @@ class F1(evaluate.Metric):
         if average == "weighted":
             support = np.array([(references == c).sum() for c in classes], dtype=float)
             return {"f1": float((np.array([f for f, *_ in per_class]) * support).sum() / max(support.sum(), 1.0))}
-        raise ValueError(f"average={average!r} is invalid; expected 'binary', 'macro', 'micro' or 'weighted'")
+        raise ValueError(f"average={average!r} is invalid; expected 'binary', 'macro', 'micro', 'weighted' or None")

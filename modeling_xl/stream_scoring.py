@@ -1,4 +1,7 @@
-"""Stream evaluation of a causal LM with memory: perplexity = exp(total NLL / total tokens), bits per character.
+"""Stream scoring of a causal LM with memory: perplexity = exp(total NLL / total tokens), bits per character.
+
+The one home of the scoring that training's validation (`evaluate_causal_lm`, `training.objectives`) and the
+long-context evaluation (`modeling_xl.evaluation`, `scripts/evaluate_lm.py`) share.
 
 The paper evaluates with a shorter segment and a much longer memory than in training (e.g. WT103 base: train 150/150,
 evaluate tgt_len 64 / mem_len 640 / clamp_len 400 / same_length). `recurrence_settings` switches the model's

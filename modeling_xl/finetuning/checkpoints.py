@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .checkpointing import STATE_FILE, write_checkpoint
-from .checkpointing import check_compatible as check_stream_compatible
-from .feedback import LOG_FILE
+from ..runs import LOG_FILE
+from ..training.checkpointing import STATE_FILE, write_checkpoint
+from ..training.checkpointing import check_compatible as check_stream_compatible
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 

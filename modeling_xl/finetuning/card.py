@@ -1,0 +1,81 @@
+"""What a fine-tuning run leaves in its output folder, in the order it is written: the model (+ remote code) and the
+tokenizer (`save_model`, first, so nothing after it can lose them), then `classification_results.json` and the model
+card `README.md` from `model_cards/sequence_classification.md` (`save_records`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .arguments import RESULTS_FILE, FinetuneArguments, compare_results_path
+from .tasks import TASKS, Task
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "sequence_classification.md"
+
+
+def save_model(model, tokenizer, pad_id: int, output_dir) -> None:
+    """The classifier and its tokenizer. The tokenizer carries the pad token fine-tuning padded with (word-level
+    tokenizers declare none; here `<eos>`), and the config its id, so `tokenizer(texts, padding=True)`,
+    `pipeline("text-classification", batch_size=8)` and `DataCollatorWithPadding` work on the folder as it is."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad_id)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def save_records(args: FinetuneArguments, task: Task, results: dict, config) -> None:
+    """`classification_results.json`, then the model card (with `compare_with`, that run's dev scores beside ours)."""
+    out = Path(args.output_dir)
+    (out / RESULTS_FILE).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    baseline = None
+    if args.compare_with is not None:
+        baseline = json.loads(compare_results_path(args.compare_with).read_text())
+    classification_card(args, task, results, baseline, config).save(out / "README.md")
+
+
+def dev_line(results: dict) -> str:
+    """The dev scores, steps, time and examples of a run's results in one line."""
+    return (f"{TASKS[results['problem_type']].summary(results['dev'])} after {results['train_steps']} steps ({results['train_seconds']:.0f} s, "
+            f"{math.floor(results['train_examples_seen'])} examples)")
+
+
+def classification_card(args: FinetuneArguments, task: Task, results: dict, baseline: dict | None, config):
+    """`huggingface_hub.ModelCard`: `model-index` with the task's headline dev metrics, a table of them (and of the
+    `compare_with` run), the hyperparameters."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    dataset = args.dataset_name or Path(args.train_file).parent.name
+    name = Path(args.output_dir).name
+    evals = [EvalResult(task_type="text-classification", dataset_type=dataset, dataset_name=dataset,
+                        dataset_config=args.dataset_config_name, dataset_split="validation", metric_type=metric_type,
+                        metric_name=title, metric_value=round(results["dev"][key], 4))
+             for key, metric_type, title in task.card_metrics if math.isfinite(results["dev"][key])]
+    card_data = ModelCardData(model_name=name, library_name="transformers", pipeline_tag="text-classification",
+                              tags=["transformer-xl", "text-classification", "modeling_xl"], eval_results=evals)
+    runs = [(results["initialisation"], results)] + ([(baseline["initialisation"], baseline)] if baseline else [])
+    columns = [title for _, _, title in task.card_metrics]
+    rows = [(init, [_shown(r["dev"].get(key)) for key, _, _ in task.card_metrics], r["train_steps"],
+             f"{r['train_seconds']:.0f}") for init, r in runs]
+    hyperparameters = [(k, v) for k, v in asdict(args).items() if v is not None and k not in ("compare_with",)]
+    if not TEMPLATE.exists():  # installed without the repository's model_cards/ folder
+        raise FileNotFoundError(f"model card template {TEMPLATE} is missing; expected the repository's model_cards/")
+    hardware = f"{platform.machine()} CPU" if not torch.cuda.is_available() else torch.cuda.get_device_name()
+    return ModelCard.from_template(
+        card_data, template_path=str(TEMPLATE), model_name=name, dataset=dataset, labels=results["labels"],
+        problem_type=task.problem_type, initialisation=results["initialisation"], summary_type=config.summary_type,
+        architecture=f"{config.n_layer} layers, d_model {config.d_model}, {config.n_head} heads, attn_type "
+                     f"{config.attn_type}", columns=columns, results=rows, hyperparameters=hyperparameters,
+        num_dev=results["num_dev_examples"], num_train=results["num_train_examples"], hardware=hardware,
+        dev_line=dev_line(results), long_document=args.long_document, segment_len=args.max_length)
+
+
+def _shown(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else "-"

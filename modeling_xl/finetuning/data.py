@@ -1,0 +1,139 @@
+"""Fine-tuning data: loading (Hub, local files, the built-in task), row checks, tokenization (single texts, text
+pairs, whole documents) and the left-padding collate.
+
+Token layouts (the tokenizer's own templates):
+- Unigram (XLNet) tokenizer: `A <sep> <cls>`, pairs `A <sep> B <sep> <cls>` with segment ids A=0, B=1, <cls>=2,
+  which the bidirectional backbone reads as its segment term (`token_type_ids`).
+- word-level tokenizer: `A <eos>`, pairs `A <eos> B <eos>`; char-level: `A \\n`, pairs `A \\n B \\n`. No segment
+  ids: the causal backbone has no segment embedding; the separator marks the boundary and the pooled last token has
+  read both texts.
+A single text longer than `max_length` keeps its end (with the final special token); a pair is cut longest-first
+(the tokenizer's `truncation="longest_first"`), keeping the special tokens. With `long_document` nothing is cut: the
+model reads the whole text `max_length` tokens at a time with memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+import torch
+
+from ..data.corpora import load_split_files
+from .arguments import BUILTIN_TASKS, FinetuneArguments
+from .labels import LabelSpace, build_label_space
+
+LOCAL_BUILDERS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t", "quoting": 3}), ".json": ("json", {}),
+                  ".jsonl": ("json", {})}
+
+
+def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
+    """{"train", "validation"} from the built-in task, the Hub (`dataset_name`) or local files."""
+    if (args.dataset_name is None) == (args.train_file is None):
+        raise ValueError(f"dataset_name={args.dataset_name!r}, train_file={args.train_file!r}; expected exactly one "
+                         "of them (a Hub dataset by name, 'builtin', or local CSV/TSV/JSON files)")
+    if args.dataset_name in BUILTIN_TASKS:
+        from .builtin_task import builtin_task
+
+        return builtin_task(long_documents=args.dataset_name == "builtin-long")
+    if args.dataset_name is not None:
+        try:
+            raw = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
+        except Exception as error:  # offline or unknown name: one clear message
+            raise OSError(f"could not load dataset_name={args.dataset_name!r} (config {args.dataset_config_name!r}) "
+                          f"from the Hugging Face Hub ({type(error).__name__}: {error}); offline, pass local files "
+                          "with --train_file/--validation_file instead") from error
+        if args.validation_split not in raw:
+            raise ValueError(f"validation_split={args.validation_split!r} is not in {args.dataset_name!r}; expected "
+                             f"one of {sorted(raw)}")
+        return datasets.DatasetDict({"train": raw["train"], "validation": raw[args.validation_split]})
+    if args.validation_file is None:
+        raise ValueError("validation_file is None; expected a dev file beside train_file (dev scores are reported)")
+    files = {"train": args.train_file, "validation": args.validation_file}
+    suffixes = {Path(f).suffix.lower() for f in files.values()}
+    for name, path in files.items():
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{name}_file={path!r} does not exist")
+    if len(suffixes) != 1 or next(iter(suffixes)) not in LOCAL_BUILDERS:
+        raise ValueError(f"train/validation files have suffixes {sorted(suffixes)}; expected both .csv, .tsv, .json "
+                         "or .jsonl")
+    builder, options = LOCAL_BUILDERS[next(iter(suffixes))]
+    return load_split_files(builder, files, **options)
+
+
+def row_namer(args: FinetuneArguments, column: str):
+    """describe(split, row) -> "validation_file='dev.csv', row 3, column 'label'" (rows from 1, header excluded)."""
+    def describe(split: str, row: int) -> str:
+        if args.train_file is not None:
+            source = f"{split}_file={args.train_file if split == 'train' else args.validation_file!r}"
+        else:
+            name = split if split == "train" or args.dataset_name in BUILTIN_TASKS else args.validation_split
+            source = f"dataset_name={args.dataset_name!r} (split {name!r})"
+        return f"{source}, row {row}, column {column!r}"
+    return describe
+
+
+def check_rows(raw: datasets.DatasetDict, args: FinetuneArguments) -> tuple[LabelSpace, dict[str, list]]:
+    """Columns present, no empty text, every label valid for the problem type: (label space, {split: targets})."""
+    columns = [("text_column", args.text_column), ("label_column", args.label_column)]
+    if args.text_pair_column is not None:
+        columns.insert(1, ("text_pair_column", args.text_pair_column))
+    for split, data in raw.items():
+        for name, column in columns:
+            if column not in data.column_names:
+                raise ValueError(f"{name}={column!r} is not a column of the {split} split; expected one of "
+                                 f"{data.column_names}")
+        for _, column in columns[:-1]:
+            describe = row_namer(args, column)
+            for row, text in enumerate(data[column]):
+                if text is None or not str(text).strip():
+                    raise ValueError(f"{describe(split, row + 1)}: the text is empty ({text!r}); expected a non-empty "
+                                     "text in every row")
+    feature = raw["train"].features.get(args.label_column)
+    names = feature.names if isinstance(feature, datasets.ClassLabel) else None
+    return build_label_space({split: raw[split][args.label_column] for split in ("train", "validation")},
+                             args.problem_type, args.label_delimiter, row_namer(args, args.label_column), names)
+
+
+def tokenize_split(data: datasets.Dataset, targets: list, tokenizer, args: FinetuneArguments,
+                   keep_token_types: bool) -> datasets.Dataset:
+    """input_ids (+ token_type_ids for the bidirectional backbone) and `labels` per row (see the module docstring)."""
+    def encode(batch, indices):
+        texts = [str(t) for t in batch[args.text_column]]
+        if args.text_pair_column is not None:
+            pairs = [str(t) for t in batch[args.text_pair_column]]
+            encoded = tokenizer(texts, pairs, truncation="longest_first", max_length=args.max_length,
+                                return_token_type_ids=keep_token_types)
+        else:
+            encoded = tokenizer(texts, return_token_type_ids=keep_token_types)
+            if not args.long_document:
+                encoded = {k: [x[-args.max_length:] for x in v] for k, v in encoded.items()}
+        out = {"input_ids": encoded["input_ids"], "labels": [targets[i] for i in indices]}
+        if keep_token_types:
+            out["token_type_ids"] = encoded["token_type_ids"]
+        return out
+
+    return data.map(encode, batched=True, with_indices=True, remove_columns=data.column_names, desc="Tokenizing")
+
+
+def left_pad_collate(pad_id: int, label_dtype: torch.dtype = torch.long):
+    """Batch of {"input_ids", "labels"[, "token_type_ids"]} -> left-padded input_ids [B, T], attention_mask [B, T],
+    token_type_ids [B, T] (when given), labels [B] (class ids or numbers) or [B, C] (multi-label 0/1)."""
+    def collate(examples):
+        width = max(len(e["input_ids"]) for e in examples)
+        ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(examples), width, dtype=torch.long)
+        types = torch.zeros(len(examples), width, dtype=torch.long) if "token_type_ids" in examples[0] else None
+        for row, example in enumerate(examples):
+            n = len(example["input_ids"])
+            ids[row, width - n:] = torch.tensor(example["input_ids"])
+            mask[row, width - n:] = 1
+            if types is not None:
+                types[row, width - n:] = torch.tensor(example["token_type_ids"])
+        batch = {"input_ids": ids, "attention_mask": mask,
+                 "labels": torch.tensor([e["labels"] for e in examples], dtype=label_dtype)}
+        if types is not None:
+            batch["token_type_ids"] = types
+        return batch
+
+    return collate

@@ -1,0 +1,258 @@
+"""`run_finetuning(args)`: checks -> data -> model -> Accelerate loop -> save the model -> metrics -> results and card.
+
+Every check that can fail on bad input (arguments, output folder, every row of the data, the checkpoint to resume,
+tokenizer against model) runs before the first optimizer step. After training the model and tokenizer are saved
+first: a failure in the final metrics or the card then loses nothing (a `MetricError` names the metric and the
+folder holding the weights). The dev loss is the mean over every dev example, whatever the number of processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from tokenization import check_vocab_matches
+
+from ..runs import StepLog, check_output_dir, clear_run_records, end_run
+from ..training.checkpointing import read_training_state
+from .arguments import RESULTS_FILE, FinetuneArguments, validate
+from .card import save_model, save_records
+from .checkpoints import (check_compatible, checkpoint_rng, earlier_run, read_checkpoint_rng, resolve_checkpoint,
+                          rng_states, save_checkpoint, set_rng, split_checkpoint_rng)
+from .data import check_rows, left_pad_collate, load_raw_datasets, tokenize_split
+from .labels import LabelSpace
+from .tasks import MetricError, Task, task_for
+
+logger = logging.getLogger(__name__)
+
+
+def build_model(args: FinetuneArguments, labels: LabelSpace):
+    """The classifier: a causal-LM / permutation-LM / classification checkpoint with (only) a new head, or with
+    `from_scratch` the same architecture randomly initialised. `problem_type` is set as transformers defines it."""
+    from ..configuration_transformer_xl import TransformerXLConfig
+    from ..modeling_classification import TransformerXLForSequenceClassification
+
+    fields = {"num_labels": labels.num_labels, "id2label": labels.id2label(),
+              "label2id": {name: i for i, name in enumerate(labels.names)}, "problem_type": labels.problem_type}
+    if args.summary_type is not None:
+        fields["summary_type"] = args.summary_type
+    if args.from_scratch:
+        config = TransformerXLConfig.from_pretrained(args.model_name_or_path, **fields)
+        return TransformerXLForSequenceClassification(config)
+    return TransformerXLForSequenceClassification.from_pretrained(args.model_name_or_path, **fields)
+
+
+def model_inputs(batch: dict, args) -> dict:
+    """The batch as the model's keyword arguments (`segment_len` reads long documents with memory)."""
+    return {**batch, "segment_len": args.max_length} if args.long_document else batch
+
+
+@torch.no_grad()
+def evaluate_model(accelerator, model, dataloader, task: Task, args=None) -> dict:
+    """The task's metrics and `eval_loss` over the whole dev set: predictions, labels and per-example losses are
+    gathered from every process (`gather_for_metrics` drops the examples repeated to even out the last batch), so
+    every process returns the same numbers."""
+    model.eval()
+    predictions, references, losses = [], [], []
+    for batch in dataloader:
+        logits = model(**(batch if args is None else model_inputs(batch, args))).logits
+        gathered = accelerator.gather_for_metrics(
+            (task.predictions(logits), batch["labels"], task.per_example_loss(logits, batch["labels"])))
+        for store, value in zip((predictions, references, losses), gathered):
+            store.append(value.cpu())
+    model.train()
+    metrics = task.metrics(torch.cat(predictions), torch.cat(references))
+    return {**metrics, "eval_loss": float(torch.cat(losses).double().mean())}
+
+
+def run_finetuning(args: FinetuneArguments) -> dict:
+    """Fine-tune, save model + tokenizer, evaluate on the dev split, save results + model card; returns the results."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from torch.utils.data import DataLoader
+    from transformers import AutoTokenizer, get_scheduler
+
+    validate(args)
+    resuming = args.resume_from_checkpoint is not None
+    check_output_is_not_an_input(args)
+    output_dir = check_output_dir(args.output_dir, lambda folder: earlier_run(folder, RESULTS_FILE), resuming=resuming,
+                                  overwrite=args.overwrite_output_dir)
+    if args.overwrite_output_dir:
+        check_inputs_survive(args, [output_dir / name for name in earlier_run(output_dir, RESULTS_FILE)])
+    resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint) if resuming else None
+    accelerator = Accelerator()
+    set_seed(args.seed)
+    raw = load_raw_datasets(args)
+    if args.max_train_samples is not None:
+        keep = range(min(args.max_train_samples, len(raw["train"])))
+        raw["train"] = raw["train"].shuffle(seed=args.seed).select(keep)
+    labels, targets = check_rows(raw, args)
+    task = task_for(labels, args.threshold)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    model_config = _read_config(args)
+    keep_types = model_config.attn_type == "bi" and args.text_pair_column is not None
+    with accelerator.main_process_first():
+        train, dev = (tokenize_split(raw[split], targets[split], tokenizer, args, keep_types)
+                      for split in ("train", "validation"))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model_config.pad_token_id or 0)
+    collate = left_pad_collate(pad_id, task.label_dtype)
+    train_loader = DataLoader(train, shuffle=True, batch_size=args.per_device_train_batch_size, collate_fn=collate)
+    dev_loader = DataLoader(dev, batch_size=args.per_device_eval_batch_size, collate_fn=collate)
+    train_loader, dev_loader = accelerator.prepare(train_loader, dev_loader)  # sharded over the processes
+    max_steps = args.max_train_steps or args.num_train_epochs * len(train_loader)
+    layout = {"num_processes": accelerator.num_processes, "per_device_train_batch_size":
+              args.per_device_train_batch_size, "num_train_examples": len(train), "seed": args.seed}
+    saved = None
+    if resume_from is not None:  # before the model is loaded or anything is written
+        saved = read_training_state(resume_from)
+        check_compatible(saved, layout, resume_from, max_steps)
+    model = build_model(args, labels)
+    # before the first batch: an id past the embedding would fail there, naming neither the model nor the tokenizer
+    check_vocab_matches(tokenizer, model.config, allow_larger_model=True,
+                        context=f"tokenizer_name={args.tokenizer_name or args.model_name_or_path!r} does not fit "
+                                f"model_name_or_path={args.model_name_or_path!r}")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    # the prepared scheduler steps once per process at every optimizer step (Accelerate's convention)
+    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
+                              num_training_steps=max_steps * accelerator.num_processes)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if accelerator.is_main_process and args.overwrite_output_dir:  # only once every check has passed
+        deleted = clear_run_records(output_dir, earlier_run(output_dir, RESULTS_FILE))
+        if deleted:
+            logger.info("overwrite_output_dir: deleted %s of the earlier run in %s", ", ".join(deleted), output_dir)
+    accelerator.wait_for_everyone()
+    history, step, seconds_before, resumed_rng = [], 0, 0.0, None
+    if saved is not None:
+        accelerator.load_state(str(resume_from))  # weights, optimizer, scheduler, every process's RNG
+        history, step, seconds_before = saved["history"], saved["step"], saved["train_seconds"]
+        resumed_rng = read_checkpoint_rng(resume_from, accelerator.process_index)
+        logger.info("resumed from %s at step %d", resume_from, step)
+    log = StepLog(output_dir, enabled=accelerator.is_main_process, resume_step=step if resuming else None)
+    start = time.perf_counter() - seconds_before  # the training time before a resume counts too
+
+    def evaluate_at(at: int) -> None:
+        during = f"during training (step {at}); the weights of this run are only in its checkpoints, if any"
+        history.append({"step": at, **scored(accelerator, model, dev_loader, task, args, during)})
+        log.write(history[-1])
+        logger.info("step %d: %s", at, history[-1])
+
+    def checkpoint_at(at: int, rng) -> None:
+        state = {**layout, "history": history, "train_seconds": time.perf_counter() - start}
+        save_checkpoint(accelerator, output_dir, at, state, rng)
+
+    step = train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps, step, resumed_rng, start,
+                      log, evaluate_at, checkpoint_at)
+    train_seconds = time.perf_counter() - start
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:  # the weights first: nothing after this can lose them
+        save_model(accelerator.unwrap_model(model), tokenizer, pad_id, output_dir)
+    accelerator.wait_for_everyone()
+    already = bool(history) and history[-1]["step"] == step  # the last step was an eval step: already scored
+    final = ({k: v for k, v in history[-1].items() if k != "step"} if already
+             else scored(accelerator, model, dev_loader, task, args, f"after training; the fine-tuned model and "
+                         f"tokenizer are saved in {output_dir}"))
+    results = {"problem_type": task.problem_type, "dev": final, "history": history, "train_steps": step,
+               "train_seconds": train_seconds,
+               "train_examples_seen": step * args.per_device_train_batch_size * accelerator.num_processes,
+               "num_train_examples": len(train), "num_dev_examples": len(dev), "labels": labels.names,
+               "initialisation": "from scratch" if args.from_scratch else f"pretrained {args.model_name_or_path}",
+               "args": asdict(args)}
+    if accelerator.is_main_process:
+        if not already:
+            log.write({"step": step, **final})
+        save_records(args, task, results, accelerator.unwrap_model(model).config)
+    del model, optimizer, train_loader, dev_loader, scheduler  # the prepared wrappers go first (see `end_run`)
+    end_run(accelerator)
+    return results
+
+
+def scored(accelerator, model, dev_loader, task: Task, args: FinetuneArguments, when: str) -> dict:
+    """`evaluate_model`; a metric failure says when it happened and where the weights are (`when`)."""
+    try:
+        return evaluate_model(accelerator, model, dev_loader, task, args)
+    except MetricError as error:
+        raise MetricError(f"{error} ({when})") from error
+
+
+def _read_config(args):
+    from ..configuration_transformer_xl import TransformerXLConfig
+
+    return TransformerXLConfig.from_pretrained(args.model_name_or_path)
+
+
+def check_output_is_not_an_input(args) -> None:
+    """The fine-tuned model, tokenizer and card are saved into output_dir: it must not be the folder of the model or
+    tokenizer this run starts from (they would be written over, with or without --overwrite_output_dir)."""
+    out = Path(args.output_dir).resolve()
+    for name in ("model_name_or_path", "tokenizer_name"):
+        value = getattr(args, name)
+        if value and Path(value).is_dir() and Path(value).resolve() == out:
+            raise ValueError(f"output_dir={args.output_dir!r} is the folder of {name}={value!r}; the fine-tuned model "
+                             "would be saved over it. Expected another output folder")
+
+
+def check_inputs_survive(args, doomed: list[Path]) -> None:
+    """--overwrite_output_dir must not delete the model or tokenizer this run starts from."""
+    for name in ("model_name_or_path", "tokenizer_name"):
+        value = getattr(args, name)
+        if value and Path(value).exists():
+            inside = [p for p in doomed if Path(value).resolve().is_relative_to(p.resolve())]
+            if inside:
+                raise ValueError(f"{name}={value!r} lies in {inside[0]}, which --overwrite_output_dir would delete "
+                                 "(an earlier run's record); expected a model and tokenizer outside it")
+
+
+def train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps: int, step: int,
+               checkpoint_rng_states: dict | None, start: float, log: StepLog, evaluate, checkpoint) -> int:
+    """Optimizer steps from `step` to `max_steps` (or `max_train_time`), each logged to `log`; `evaluate(step)` every
+    eval_steps and `checkpoint(step, states)` every checkpointing_steps (`checkpoint_rng`). Returns the steps done.
+
+    An epoch's shuffled order is drawn from the RNG (the torch RNG, or the generator shared by several processes) when
+    its iterator starts. A resumed run (`checkpoint_rng_states` from the checkpoint) draws its first epoch's order
+    again from the states that epoch started with, skips the batches already read, and goes on with the states of the
+    checkpoint: the batches and dropout masks of an uninterrupted run, also in the epochs after."""
+    from tqdm.auto import tqdm
+
+    progress = tqdm(total=max_steps, initial=step, desc="fine-tuning",
+                    disable=args.disable_tqdm or not accelerator.is_local_main_process)
+    model.train()
+    resumed = None if checkpoint_rng_states is None else split_checkpoint_rng(checkpoint_rng_states)
+    while step < max_steps and not _out_of_time(args, start):
+        done = step % len(train_loader)  # batches of this epoch already read (by the run that was resumed)
+        if resumed is not None:  # the first epoch after a resume: its order is drawn from the saved states
+            set_rng(train_loader, resumed[0] if done else resumed[1])
+        epoch_rng = rng_states(train_loader)
+        batches = iter(train_loader)
+        for _ in range(done):
+            next(batches)
+        if resumed is not None and done:  # then on with the states of the checkpoint (dropout, the next epochs)
+            set_rng(train_loader, resumed[1])
+        resumed = None
+        for batch in batches:
+            loss = model(**model_inputs(batch, args)).loss
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            step += 1
+            mean_loss = float(accelerator.reduce(loss.detach(), reduction="mean"))  # over every process's batch
+            progress.update(1)
+            progress.set_postfix(loss=f"{mean_loss:.4f}")
+            log.write({"step": step, "loss": mean_loss, "lr": scheduler.get_last_lr()[0]})
+            if args.eval_steps and step % args.eval_steps == 0:
+                evaluate(step)
+            if args.checkpointing_steps and step % args.checkpointing_steps == 0:
+                checkpoint(step, checkpoint_rng(epoch_rng, train_loader))
+            if step >= max_steps or _out_of_time(args, start):
+                break
+    progress.close()
+    return step
+
+
+def _out_of_time(args, start: float) -> bool:
+    return args.max_train_time is not None and time.perf_counter() - start >= args.max_train_time

@@ -1,0 +1,436 @@
+"""The fast paths of the relative attention: fused autograd nodes for training, checked against the reference.
+
+`relative_attention.relative_attention` is the plain maths; this file computes the same thing with less memory and
+fewer copies. Notation as there (batch-first): B batch, H heads, D d_head, T queries, M memory, K = M + T keys,
+R rows of the position table, S position tables (1, or 2 with bi_data); u, v the content and position biases.
+
+- `FusedRelativeAttention` (Transformer-XL in training): softmax(((q + u) k^T + rel_shift((q + v) (W_R R)^T))
+  / sqrt(D), masked) @ value as one node that saves no [B, H, T, K] tensor: backward recomputes the probabilities,
+  block by block (`score_blocks`), so training memory stays linear in K per layer.
+- `FusedBiasedAttention` (XLNet's two streams in training): softmax((q k^T + bias) / sqrt(D), masked) @ value as one
+  node, the score terms built outside.
+- `ShiftedPositionScores`: the position term rel_shift((q + v) (W_R R)^T) as one node, written as a strided view of
+  the product (no padded copy) and whose backward writes into the inverse shift's buffer once.
+Why: autograd through the separate ops keeps several [B, H, T, K] tensors alive per layer, and on CPU SDPA falls back
+to its unfused math path in training. Measurements and their history: benchmarks/README.md, "Attention implementation
+notes". This file imports nothing from `relative_attention` (which dispatches to it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .dropout import apply_keep, keep_mask
+
+
+def _shift_window(padded: torch.Tensor, shift: int) -> torch.Tensor:
+    """The [..., T, R] that rel_shift reads from a padded [..., T, R + 1]: T*R elements from `shift` on (a view)."""
+    *lead, qlen, width = padded.shape
+    rlen = width - 1
+    return padded.flatten(-2)[..., shift : shift + qlen * rlen].view(*lead, qlen, rlen)
+
+
+def _check_shift(qlen: int, rlen: int, klen: int, shift: int) -> None:
+    """The conditions of `rel_shift` (named error otherwise)."""
+    if klen > rlen or not 0 <= shift <= qlen:
+        raise ValueError(f"rel_shift: klen={klen}, shift={shift} do not fit {qlen} queries x {rlen} positions")
+
+
+# Mixed precision in the fused attentions: inputs may mix the autocast dtype (projections) and float32 (q + bias,
+# position tables). They compute in the keys' dtype with autocast off, softmax in float32, and hand gradients back in
+# each input's own dtype.
+def _common_dtype(ctx, tensors, like: torch.Tensor) -> list[torch.Tensor]:
+    ctx.input_dtypes = [t.dtype for t in tensors]
+    return [t.to(like.dtype) for t in tensors]
+
+
+def _input_dtypes(ctx, grads) -> list[torch.Tensor]:
+    return [g.to(dtype) for g, dtype in zip(grads, ctx.input_dtypes)]
+
+
+class Hidden:
+    """A boolean attention mask (True = hidden) applied to scores [..., T, K] of one dtype: `hide_` is
+    `masked_fill_(mask, finfo.min)`, `zero_` is `masked_fill_(mask, 0)`. Except in float16 they run as float factors
+    shaped like the mask, `x * visible + fill` and `x * visible`, because on CPU `masked_fill_` with a bool mask
+    broadcast over the heads is much slower. The factors equal masked_fill for finite x; float16 scores can overflow
+    to inf at a hidden key (inf * 0 is NaN), so float16 keeps masked_fill. The factors are built inside each call and
+    freed at its end, so none stays alive between the two calls of a recomputing backward."""
+
+    def __init__(self, mask: torch.Tensor, dtype: torch.dtype):
+        self.mask, self.dtype, self.exact = mask, dtype, dtype == torch.float16
+
+    @classmethod
+    def of(cls, mask: torch.Tensor | None, dtype: torch.dtype) -> "Hidden | None":
+        return None if mask is None else cls(mask, dtype)
+
+    def visible(self) -> torch.Tensor:
+        """1 where a key is visible, 0 where hidden, in the scores' dtype."""
+        return self.mask.logical_not().to(self.dtype)
+
+    def hide_(self, scores: torch.Tensor) -> torch.Tensor:
+        if self.exact:
+            return scores.masked_fill_(self.mask, torch.finfo(scores.dtype).min)
+        scores.mul_(self.visible())  # one factor alive at a time
+        return scores.add_(self.mask.to(self.dtype).mul_(torch.finfo(self.dtype).min))
+
+    def zero_(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad.masked_fill_(self.mask, 0.0) if self.exact else grad.mul_(self.visible())
+
+
+def _masked_softmax(scores, hidden: Hidden | None, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """softmax(scores * scale, masked) in float32 or wider, cast to `dtype`; `scores` is scaled and masked in place."""
+    scores *= scale
+    if hidden is not None:
+        hidden.hide_(scores)
+    low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+    return torch.softmax(scores.float() if low_precision else scores, dim=-1).to(dtype)
+
+
+def _dropout_value(probs, value, dropout_p: float):
+    """(dropout(probs) @ value, keep-mask or None, keep scale)."""
+    if dropout_p == 0:
+        return torch.matmul(probs, value), None, 1.0
+    keep, keep_scale = keep_mask(probs.shape, dropout_p, probs.device)
+    return torch.matmul(apply_keep(probs, keep, keep_scale), value), keep, keep_scale
+
+
+def _softmax_dropout_value(scores, value, hidden: Hidden | None, dropout_p: float, scale: float):
+    """Forward core of the fused attentions: softmax(scores * scale, masked), dropout, @ value. `scores` [B, H, T, K]
+    (the raw sum of score terms) is scaled and masked in place. Returns (out, probs, keep-mask or None, keep scale)."""
+    probs = _masked_softmax(scores, hidden, scale, value.dtype)
+    del scores
+    out, keep, keep_scale = _dropout_value(probs, value, dropout_p)
+    return out, probs, keep, keep_scale
+
+
+def _softmax_dropout_value_backward(grad_out, value, hidden: Hidden | None, probs, keep, keep_scale: float,
+                                    scale: float):
+    """(grad of value, grad of the raw score sum): dV = P'^T dO with P' the dropped probabilities, dP = dO V^T
+    (masked like P'), dS = P * (dP - rowsum(dP * P)) * scale, zero where masked."""
+    grad_out = grad_out.to(value.dtype).contiguous()
+    grad_value = _grad_value(grad_out, probs, keep, keep_scale)
+    grad_probs = torch.matmul(grad_out, value.transpose(-1, -2))  # [B, H, T, K]
+    if keep is not None:
+        apply_keep(grad_probs, keep, keep_scale, inplace=True)
+    grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+    del grad_probs
+    grad_scores.mul_(scale)
+    if hidden is not None:
+        hidden.zero_(grad_scores)
+    return grad_value, grad_scores
+
+
+def _grad_value(grad_out, probs, keep, keep_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """dV = P'^T dO, P' the probabilities after dropout (written into `out` when given)."""
+    dropped = probs if keep is None else apply_keep(probs, keep, keep_scale)
+    return torch.matmul(dropped.transpose(-1, -2), grad_out, out=out)
+
+
+def head_major(shape, like: torch.Tensor) -> torch.Tensor:
+    """An empty [B, H, ...] tensor stored as [H, B, ...], for position products (`position_product`)."""
+    return torch.empty((shape[1], shape[0], *shape[2:]), dtype=like.dtype, device=like.device).transpose(0, 1)
+
+
+def position_product(q_v: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """q_v [B, H, T, D] times r [H, R, D] transposed: [B, H, T, R] (a view of an [H, B, T, R] product).
+
+    One product per head over all batch rows: `torch.matmul(q_v, r^T)` broadcasts r by copying it for every batch row
+    ([B, H, D, R]). With q_v stored head-major (`head_major`) nothing is copied; otherwise q_v (never larger: T <= R)
+    is."""
+    batch, heads, qlen, d_head = q_v.shape
+    by_head = q_v.transpose(0, 1).reshape(heads, batch * qlen, d_head)
+    return torch.matmul(by_head, r.transpose(-1, -2)).view(heads, batch, qlen, -1).transpose(0, 1)
+
+
+def _shifted_position_scores(q_v: torch.Tensor, r: torch.Tensor, klen: int, shift: int,
+                             hidden_ok: bool = False) -> torch.Tensor:
+    """`rel_shift(q_v @ r^T, klen, shift)` without rel_shift's padded copy. q_v [B, H, T, D], r [H, R, D] ->
+    [B, H, T, klen] (a view).
+
+    Entry (i, j) is row j + shift - i of query i's products. In the contiguous [T, R] product of one (batch, head)
+    that is element i * R + j + shift - i = i * (R - 1) + j + shift: a strided view with row stride R - 1. Where
+    j + shift - i falls outside [0, R) (keys that no table row describes, which Transformer-XL's causal mask hides)
+    that view reads a neighbouring row instead of rel_shift's zero pad; `hidden_ok` says the caller masks them. Where
+    such entries exist and the caller does not say so, the product is written into rel_shift's padded buffer
+    instead (also without a copy, but a strided product is slower).
+    With r [H, R, D] the product is `position_product`'s (head-major); with r broadcastable to q_v's leading
+    dimensions (several tables, [S, 1, H, R, D] against q_v [S, B/S, H, T, D]) it is a broadcast matmul."""
+    *lead, qlen, d_head = q_v.shape
+    rlen = r.size(-2)
+    if _shift_view_ok(qlen, rlen, klen, shift, hidden_ok):
+        product = position_product(q_v, r) if r.dim() == 3 else torch.matmul(q_v, r.transpose(-1, -2))
+        return _shift_view(product, klen, shift)
+    if r.dim() == 3:  # [B, H, T, R + 1] stored head-major, each head's product written into it in one piece
+        batch, heads = lead
+        padded = head_major((batch, heads, qlen, rlen + 1), q_v)
+        by_head = q_v.transpose(0, 1).reshape(heads, batch * qlen, d_head)
+        torch.matmul(by_head, r.transpose(-1, -2), out=padded.transpose(0, 1)[..., :rlen].flatten(1, 2))
+    else:
+        padded = q_v.new_empty(*lead, qlen, rlen + 1)
+        torch.matmul(q_v, r.transpose(-1, -2), out=padded[..., :rlen])
+    padded[..., rlen].zero_()
+    return _shift_window(padded, shift)[..., :klen]
+
+
+def _shift_view_ok(qlen: int, rlen: int, klen: int, shift: int, hidden_ok: bool) -> bool:
+    """Whether `_shift_view` may stand for rel_shift: every entry it reads lies in its own [T, R] matrix, and either
+    every (query, key) pair has a table row or the caller hides those that do not (`hidden_ok`)."""
+    _check_shift(qlen, rlen, klen, shift)
+    all_described = shift >= qlen - 1 and klen - 1 + shift < rlen
+    return (hidden_ok or all_described) and (qlen - 1) * (rlen - 1) + klen - 1 + shift < qlen * rlen
+
+
+def _shift_view(x: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
+    """rel_shift of x [..., T, R] (each [T, R] matrix contiguous) as a strided view, where every entry it reads lies in
+    its own matrix (`_shifted_position_scores` checks that): row i starts i * (R - 1) + shift elements in."""
+    return x.as_strided((*x.shape[:-1], klen), (*x.stride()[:-2], x.size(-1) - 1, 1), x.storage_offset() + shift)
+
+
+class ShiftedPositionScores(torch.autograd.Function):
+    """`rel_shift((q + v) @ r^T, klen, shift)` as one autograd node (`_shifted_position_scores`, no padded copy in
+    forward), whose backward writes the gradient into the inverse shift's buffer once, where autograd through
+    pad / flatten / slice zero-fills and copies [B, H, T, R]-sized tensors four times.
+    q [B, H, T, D]; v [H, D] (the position bias); r [H, R, D] or [S, H, R, D] with S position tables (batch rows
+    [i*B/S, (i+1)*B/S) use table i). Returns [B, H, T, klen].
+    With one table, q + v and the gradient buffer are stored head-major ([H, B, T, *]): every product is one matrix
+    product per head over all batch rows, and r is never copied per batch row. With several tables (bi_data) they
+    stay batch-major: a head-major layout would make the output [B, H, T, K] a copy, larger than the copies of r."""
+
+    @staticmethod
+    def forward(ctx, q, v, r, klen: int, shift: int):
+        batch, heads, qlen, d_head = q.shape
+        ctx.tables = r.size(0) if r.dim() == 4 else 1
+        ctx.klen, ctx.shift, ctx.r_shape = klen, shift, r.shape
+        if ctx.tables == 1:
+            r = r.reshape(r.shape[-3:])  # [H, R, D]
+            q_v = torch.add(q, v[:, None], out=head_major(q.shape, q))
+            ctx.save_for_backward(q_v, r, v)
+            return _shifted_position_scores(q_v, r, klen, shift)
+        q_v = torch.add(q, v[:, None])  # [B, H, T, D]
+        ctx.save_for_backward(q_v, r, v)
+        by_table = q_v.view(ctx.tables, batch // ctx.tables, heads, qlen, d_head)
+        return _shifted_position_scores(by_table, r[:, None], klen, shift).flatten(0, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q_v, r, v = ctx.saved_tensors  # q_v [B, H, T, D]: head-major storage with one table, else batch-major
+        batch, heads, qlen, d_head = q_v.shape
+        rlen = r.size(-2)
+        grad_q = grad_v = grad_r = None
+        if ctx.tables == 1:  # r [H, R, D]; products per head over all batch rows
+            padded, window = _unshift_buffer((heads, batch), qlen, rlen, ctx.klen, ctx.shift, q_v)
+            window.transpose(0, 1).copy_(grad)
+            grad_bd = padded[..., :rlen].flatten(1, 2)  # [H, B * T, R]
+            if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+                by_head = torch.matmul(grad_bd, r)  # [H, B * T, D]
+                grad_v = by_head.sum(1, dtype=torch.promote_types(by_head.dtype, torch.float32)).to(v.dtype)
+                grad_q = by_head.view(heads, batch, qlen, d_head).transpose(0, 1)
+            if ctx.needs_input_grad[2]:
+                by_head_q_v = q_v.transpose(0, 1).flatten(1, 2)  # [H, B * T, D], a view
+                grad_r = torch.matmul(grad_bd.transpose(-1, -2), by_head_q_v).view(ctx.r_shape)
+            return grad_q, grad_v, grad_r, None, None
+        tables = ctx.tables  # several tables, batch-major
+        by_table = q_v.view(tables, batch // tables, heads, qlen, d_head)
+        padded, window = _unshift_buffer(by_table.shape[:3], qlen, rlen, ctx.klen, ctx.shift, q_v)
+        window.copy_(grad.unflatten(0, (tables, batch // tables)))
+        grad_bd = padded[..., :rlen]  # [S, B/S, H, T, R]
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            grad_q = torch.matmul(grad_bd, r[:, None]).flatten(0, 1)
+            grad_v = grad_q.sum((0, 2), dtype=torch.promote_types(grad_q.dtype, torch.float32)).to(v.dtype)
+        if ctx.needs_input_grad[2]:
+            grad_r = torch.matmul(grad_bd.transpose(-1, -2), by_table).sum(1)
+        return grad_q, grad_v, grad_r, None, None
+
+
+def _relative_probs(q_u, q_v, key, r, hidden: Hidden | None, shift: int, scale: float) -> torch.Tensor:
+    """softmax(((q + u) . k + rel_shift((q + v) . r)) * scale, masked), [B, H, T, K] in the keys' dtype. Deterministic
+    in its inputs: the backward of `FusedRelativeAttention` recomputes the very same probabilities."""
+    scores = torch.matmul(q_u, key.transpose(-1, -2))  # [B, H, T, K]
+    scores += _shifted_position_scores(q_v, r, key.size(2), shift, hidden_ok=hidden is not None)
+    return _masked_softmax(scores, hidden, scale, key.dtype)
+
+
+def _unshift_buffer(lead, qlen: int, rlen: int, klen: int, shift: int, like: torch.Tensor):
+    """The buffer of the inverse of `rel_shift`: (padded [*lead, T, R + 1], window [*lead, T, klen]), `window` being
+    where rel_shift reads its output from (each visible score has exactly one source there), everything else zero.
+    The scores' gradient written into `window` makes `padded[..., :R]` the gradient of the unshifted scores, no
+    copy. Allocated like `like` (dtype, device)."""
+    padded = like.new_empty(*lead, qlen, rlen + 1)
+    flat = padded.flatten(-2)
+    flat[..., :shift].zero_()
+    flat[..., shift + qlen * rlen :].zero_()
+    window = _shift_window(padded, shift)
+    window[..., klen:].zero_()
+    return padded, window[..., :klen]
+
+
+# The fused relative attention builds its [B, H, T, K]-sized tensors (scores, probabilities, their gradient) for blocks
+# of (batch row, head) pairs of at most this many bytes at a time: long segments need a few blocks of scratch space
+# instead of several whole-layer tensors, which bounds training memory under activation checkpointing. 4 MiB was the
+# fastest block size measured (benchmarks/README.md, "Attention implementation notes").
+SCORE_BLOCK_BYTES = 4 * 2**20
+
+
+def score_blocks(batch: int, heads: int, qlen: int, klen: int, itemsize: int) -> list[tuple[slice, slice]]:
+    """(batch slice, head slice) blocks covering [B, H] whose [*, *, T, K] scores fit `SCORE_BLOCK_BYTES` (at least one
+    pair each): whole batch rows when one row fits, else head ranges within one row, so that every block of a
+    contiguous [B, H, ...] tensor is contiguous. Example: B=2, H=8, 4 pairs per block -> (row 0, heads 0-3),
+    (row 0, heads 4-7), (row 1, heads 0-3), (row 1, heads 4-7)."""
+    pairs = max(1, SCORE_BLOCK_BYTES // (qlen * klen * itemsize))
+    if pairs >= batch * heads:
+        return [(slice(None), slice(None))]
+    if pairs >= heads:
+        rows = pairs // heads
+        return [(slice(b, min(b + rows, batch)), slice(None)) for b in range(0, batch, rows)]
+    return [(slice(b, b + 1), slice(h, min(h + pairs, heads))) for b in range(batch) for h in range(0, heads, pairs)]
+
+
+def _mask_block(mask: torch.Tensor | None, rows: slice, heads: slice) -> torch.Tensor | None:
+    """The part of a mask broadcastable to [B, H, T, K] that applies to one block."""
+    if mask is None or mask.dim() < 3:
+        return mask
+    mask = mask.view(*([1] * (4 - mask.dim())), *mask.shape)
+    return mask[rows if mask.size(0) > 1 else slice(None), heads if mask.size(1) > 1 else slice(None)]
+
+
+class FusedRelativeAttention(torch.autograd.Function):
+    """softmax(((q + u) . k + rel_shift((q + v) . r)) / sqrt(D), masked) @ value as one autograd node, for training.
+
+    Same result as `relative_attention.relative_attention` (tested against it). Saved for backward: q + u, the keys,
+    values, position vectors, the dropout keep-mask and the output, not the probabilities [B, H, T, K], the largest
+    activation of a layer: backward recomputes them (two of the eleven attention products of a training step, and a
+    softmax). Forward and backward work on blocks of (batch row, head) pairs (`score_blocks`), so the score-sized
+    scratch space is bounded by `SCORE_BLOCK_BYTES` per tensor.
+    Backward (the standard softmax-attention gradient) gives dS; the content part gives d(q + u) = dS k,
+    dk = dS^T (q + u); the position part is dS shifted back into the table (the inverse of `rel_shift`: every visible
+    entry has one source) giving d(q + v) and dr; dq is their sum, du and dv their sums over batch and positions.
+    dS is built per block in dP's buffer: dP = dO V^T, minus rowsum(dP * P) (= rowsum(dO * O), from the output),
+    times P; the probabilities are then freed, and dS, scaled, is written into the window of the inverse shift's
+    [b, h, T, R + 1] buffer and read back unshifted. A block holds two score-sized tensors at a time.
+    The output is a [B, H, T, D] view of a [B, T, H, D] tensor, so that merging the heads is a view and the output
+    projection saves the same storage as this node.
+    Inputs: q [B, H, T, D]; u, v [H, D] (the content and position biases); key, value [B, H, K, D]; r [H, R, D];
+    mask bool broadcastable to [B, H, T, K], hiding every key that no table row describes (as the causal mask does);
+    shift (see `rel_shift`); dropout_p.
+    """
+
+    @staticmethod
+    def forward(ctx, q, u, v, key, value, r, mask, shift: int, dropout_p: float):
+        with torch.autocast(key.device.type, enabled=False):
+            q, u, v, key, value, r = _common_dtype(ctx, (q, u, v, key, value, r), key)
+            key, value, r = key.contiguous(), value.contiguous(), r.contiguous()
+            (batch, heads, qlen, d_head), klen = q.shape, key.size(2)
+            scale = 1.0 / math.sqrt(d_head)
+            q_u = torch.add(q, u[:, None], out=torch.empty(q.shape, dtype=q.dtype, device=q.device))
+            q_v = torch.add(q_u, (v - u)[:, None], out=head_major(q_u.shape, q_u))
+            out = q.new_empty(batch, qlen, heads, d_head).transpose(1, 2)  # [B, H, T, D] over [B, T, H, D]
+            keep = None if dropout_p == 0 else torch.empty(batch, heads, qlen, klen, dtype=torch.bool,
+                                                           device=q.device)
+            ctx.keep_scale = 1.0
+            for rows, hs in score_blocks(batch, heads, qlen, klen, q.element_size()):
+                probs = _relative_probs(q_u[rows, hs], q_v[rows, hs], key[rows, hs], r[hs],
+                                        Hidden.of(_mask_block(mask, rows, hs), key.dtype), shift, scale)
+                if keep is not None:
+                    keep[rows, hs], ctx.keep_scale = keep_mask(probs.shape, dropout_p, probs.device)
+                    apply_keep(probs, keep[rows, hs], ctx.keep_scale, inplace=True)
+                out[rows, hs] = torch.matmul(probs, value[rows, hs])
+                del probs
+        ctx.save_for_backward(q_u, u, v, key, value, r, mask, keep, out)
+        ctx.shift, ctx.scale = shift, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q_u, u, v, key, value, r, mask, keep, out = ctx.saved_tensors
+        with torch.autocast(grad_out.device.type, enabled=False):
+            grad_out = grad_out.to(value.dtype).contiguous()
+            q_v = torch.add(q_u, (v - u)[:, None], out=head_major(q_u.shape, q_u))
+            acc = torch.promote_types(out.dtype, torch.float32)  # bf16 / fp16 accumulate in float32
+            rowsum = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True).to(q_u.dtype)  # rowsum(dP * P)
+            (batch, heads, qlen, _), klen, rlen = q_u.shape, key.size(2), r.size(1)
+            grad_value = torch.empty_like(value)
+            grad_q = grad_key = None  # allocated once the first block's probabilities are freed
+            grad_r, grad_u, grad_v = torch.zeros_like(r), torch.zeros_like(u), torch.zeros_like(v)
+            for rows, hs in score_blocks(batch, heads, qlen, klen, q_u.element_size()):
+                block_q_u, block_q_v, block_key, block_r = q_u[rows, hs], q_v[rows, hs], key[rows, hs], r[hs]
+                block_grad_out = grad_out[rows, hs]
+                block_hidden = Hidden.of(_mask_block(mask, rows, hs), key.dtype)
+                block_keep = None if keep is None else keep[rows, hs]
+                probs = _relative_probs(block_q_u, block_q_v, block_key, block_r, block_hidden, ctx.shift, ctx.scale)
+                _grad_value(block_grad_out, probs, block_keep, ctx.keep_scale, out=grad_value[rows, hs])
+                # dP, contiguous (a batched product written straight into the strided window is slower),
+                # turned into dS / scale in place; the probabilities are freed before the shift buffer exists, so
+                # a block holds two score-sized tensors at a time, not three
+                grad_scores = torch.matmul(block_grad_out, value[rows, hs].transpose(-1, -2))
+                if block_keep is not None:
+                    apply_keep(grad_scores, block_keep, ctx.keep_scale, inplace=True)
+                grad_scores.sub_(rowsum[rows, hs]).mul_(probs)
+                del probs
+                if block_hidden is not None:
+                    block_hidden.zero_(grad_scores)
+                padded, window = _unshift_buffer(block_q_u.shape[:2], qlen, rlen, klen, ctx.shift, block_q_u)
+                grad_scores = torch.mul(grad_scores, ctx.scale, out=window)  # dS, the old buffer freed
+                del window
+                if grad_q is None:
+                    grad_q, grad_key = torch.empty_like(q_u), torch.empty_like(key)
+                block_grad_q = grad_q[rows, hs]
+                torch.matmul(grad_scores, block_key, out=block_grad_q)  # d(q + u); d(q + v) is added below
+                torch.matmul(grad_scores.transpose(-1, -2), block_q_u, out=grad_key[rows, hs])
+                del grad_scores
+                grad_u[hs] += block_grad_q.sum((0, 2))
+                grad_bd = padded[..., :rlen]  # [b, h, T, R]
+                grad_q_v = torch.matmul(grad_bd, block_r)
+                grad_v[hs] += grad_q_v.sum((0, 2))
+                block_grad_q += grad_q_v
+                grad_r[hs] += torch.matmul(grad_bd.transpose(-1, -2), block_q_v).sum(0)  # [h, R, D]
+                # freed before the next block's buffers exist (else two [b, h, T, R + 1] buffers are alive at once)
+                del padded, grad_bd, grad_q_v
+        grads = _input_dtypes(ctx, (grad_q, grad_u, grad_v, grad_key, grad_value, grad_r))
+        return (*grads, None, None, None)
+
+
+class FusedBiasedAttention(torch.autograd.Function):
+    """softmax((query . key + score_bias) / sqrt(D), masked) @ value as one autograd node, for training.
+
+    For score terms built outside (XLNet's two streams: positions gathered per target, segment terms, two tables).
+    Saves query, key, value, mask, the probabilities and the keep-mask, not the bias; the bias gets the gradient of
+    the score sum (summed over its broadcast dimensions). Inputs: query [B, H, T, D], key/value [B, H, K, D],
+    score_bias broadcastable to [B, H, T, K], mask bool broadcastable or None, dropout_p.
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, score_bias, mask, dropout_p: float):
+        with torch.autocast(key.device.type, enabled=False):
+            query, key, value, score_bias = _common_dtype(ctx, (query, key, value, score_bias), key)
+            scale = 1.0 / math.sqrt(query.size(-1))
+            scores = torch.matmul(query, key.transpose(-1, -2))  # [B, H, T, K]
+            scores += score_bias
+            out, probs, keep, ctx.keep_scale = _softmax_dropout_value(scores, value, Hidden.of(mask, key.dtype),
+                                                                      dropout_p, scale)
+        ctx.save_for_backward(query, key, value, mask, probs, keep)
+        ctx.bias_shape, ctx.scale = score_bias.shape, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, mask, probs, keep = ctx.saved_tensors
+        with torch.autocast(grad_out.device.type, enabled=False):
+            hidden = Hidden.of(mask, value.dtype)
+            grad_value, grad_scores = _softmax_dropout_value_backward(grad_out, value, hidden, probs, keep,
+                                                                      ctx.keep_scale, ctx.scale)
+            grad_query = torch.matmul(grad_scores, key)
+            grad_key = torch.matmul(grad_scores.transpose(-1, -2), query)
+            grad_bias = grad_scores.sum_to_size(ctx.bias_shape)
+        return (*_input_dtypes(ctx, (grad_query, grad_key, grad_value, grad_bias)), None, None)
+
+
+def fused_relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_p: float = 0.0):
+    """`relative_attention.relative_attention` through the fused nodes (same arguments; returns (out, None): the
+    probabilities are never kept). Without a mask, the position term's keys that no table row describes need
+    rel_shift's zeros, which `ShiftedPositionScores` writes and `FusedRelativeAttention` does not."""
+    if mask is None:
+        bd = ShiftedPositionScores.apply(q, v, r, key.size(2), shift)
+        return FusedBiasedAttention.apply(q + u[:, None], key, value, bd, None, dropout_p), None
+    return FusedRelativeAttention.apply(q, u, v, key, value, r, mask, shift, dropout_p), None

@@ -1,0 +1,697 @@
+"""Fine-tuning (`modeling_xl.finetuning`, `scripts/finetune_classification.py`): every task shape end to end through
+the script, bad rows named before training, nothing lost after training, resume, the transformers ecosystem."""
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForSequenceClassification
+from modeling_xl.finetuning import FinetuneArguments, run_finetuning
+
+REPO = Path(__file__).resolve().parents[1]
+POSITIVE, NEGATIVE = ("good", "great", "fine", "nice"), ("bad", "awful", "poor", "dull")
+TOPICS = {"sport": ("goal", "match", "team"), "food": ("bread", "soup", "cake"), "music": ("song", "drum", "band"),
+          "weather": ("rain", "snow", "wind")}
+
+
+def sentiment_rows(n, seed):
+    """Sentences whose label is carried by one sentiment word among filler words."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        label = int(torch.randint(0, 2, (1,), generator=generator))
+        words = [f"w{int(i)}" for i in torch.randint(0, 20, (int(torch.randint(3, 9, (1,), generator=generator)),),
+                                                     generator=generator)]
+        cue = (POSITIVE if label else NEGATIVE)[int(torch.randint(0, 4, (1,), generator=generator))]
+        words.insert(int(torch.randint(0, len(words) + 1, (1,), generator=generator)), cue)
+        rows.append((" ".join(words), label))
+    return rows
+
+
+def topic_rows(n, seed, topics=tuple(TOPICS)):
+    """(text, set of topics): each topic present puts one of its words among filler words."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        present = {t for t in topics if float(torch.rand((), generator=generator)) < 0.4} or {topics[0]}
+        words = [f"w{int(i)}" for i in torch.randint(0, 20, (4,), generator=generator)]
+        for topic in sorted(present):
+            words.insert(int(torch.randint(0, len(words) + 1, (1,), generator=generator)),
+                         TOPICS[topic][int(torch.randint(0, 3, (1,), generator=generator))])
+        rows.append((" ".join(words), present))
+    return rows
+
+
+def one_topic_rows(n, seed):
+    """(text, topic name): one topic drawn uniformly, one of its words among filler words."""
+    generator = torch.Generator().manual_seed(seed)
+    names = sorted(TOPICS)
+    rows = []
+    for _ in range(n):
+        topic = names[int(torch.randint(0, len(names), (1,), generator=generator))]
+        words = [f"w{int(i)}" for i in torch.randint(0, 20, (int(torch.randint(2, 7, (1,), generator=generator)),),
+                                                     generator=generator)]
+        words.insert(int(torch.randint(0, len(words) + 1, (1,), generator=generator)),
+                     TOPICS[topic][int(torch.randint(0, 3, (1,), generator=generator))])
+        rows.append((" ".join(words), topic))
+    return rows
+
+
+def write_tsv(path, rows, header=("sentence", "label")):
+    path.write_text("\t".join(header) + "\n" + "".join("\t".join(map(str, row)) + "\n" for row in rows))
+    return path
+
+
+def vocabulary_lines():
+    return ([text for text, _ in sentiment_rows(200, 0)] + [text for text, _ in topic_rows(200, 0)]
+            + [text for text, _ in one_topic_rows(200, 0)]
+            + [" ".join(w for words in TOPICS.values() for w in words) + " " + " ".join(POSITIVE + NEGATIVE)])
+
+
+@pytest.fixture
+def lm_checkpoint(tmp_path):
+    from tokenization import train_word_level_tokenizer
+
+    tokenizer = train_word_level_tokenizer(vocabulary_lines())
+    config = TransformerXLConfig.from_preset("debug", vocab_size=len(tokenizer), cutoffs=[10])
+    TransformerXLForCausalLM(config).save_pretrained(tmp_path / "lm")
+    tokenizer.save_pretrained(tmp_path / "lm")
+    return tmp_path / "lm"
+
+
+def finetune_args(tmp_path, checkpoint, **overrides):
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(256, 1))
+    dev = write_tsv(tmp_path / "dev.tsv", sentiment_rows(64, 2))
+    values = dict(model_name_or_path=str(checkpoint), output_dir=str(tmp_path / "out"), train_file=str(train),
+                  validation_file=str(dev), per_device_train_batch_size=16, learning_rate=3e-3, num_train_epochs=3,
+                  eval_steps=24, checkpointing_steps=40, disable_tqdm=True)
+    return FinetuneArguments(**{**values, **overrides})
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("finetune", REPO / "scripts" / "finetune_classification.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def run_script(tmp_path, checkpoint, train, dev, *extra, output="out"):
+    code = load_script().main(["--model_name_or_path", str(checkpoint), "--output_dir", str(tmp_path / output),
+                               "--train_file", str(train), "--validation_file", str(dev), "--disable_tqdm",
+                               "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", *extra])
+    assert code == 0
+    return json.loads((tmp_path / output / "classification_results.json").read_text())
+
+
+# ---- every task shape, end to end through the script ---------------------------------------------------------------
+
+def test_binary_task_learns_and_writes_model_card_checkpoints_and_results(tmp_path, lm_checkpoint, one_thread):
+    results = run_finetuning(finetune_args(tmp_path, lm_checkpoint))
+    out = tmp_path / "out"
+    assert results["train_steps"] == 48 and len(results["history"]) == 2
+    assert results["dev"]["accuracy"] > 0.9, results["dev"]
+    assert set(results["dev"]) >= {"accuracy", "macro_f1", "f1", "per_class_f1", "eval_loss"}
+    saved = json.loads((out / "classification_results.json").read_text())
+    assert saved["dev"]["accuracy"] == pytest.approx(results["dev"]["accuracy"])
+    assert (out / "checkpoint-40").is_dir()
+    card = (out / "README.md").read_text()
+    assert f"{results['dev']['accuracy']:.4f}" in card and "model-index" in card and "macro F1" in card
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    assert model.config.id2label == {0: "0", 1: "1"} and model.config.problem_type == "single_label_classification"
+
+
+def test_string_labels_with_more_than_two_classes(tmp_path, lm_checkpoint, one_thread):
+    """Four topics named by strings (the issue's crash: more than two classes failed at the first evaluation)."""
+    train = write_tsv(tmp_path / "train.tsv", one_topic_rows(320, 1))
+    dev = write_tsv(tmp_path / "dev.tsv", one_topic_rows(100, 2))
+    results = run_script(tmp_path, lm_checkpoint, train, dev, "--num_train_epochs", "10", "--eval_steps", "40")
+    dev_scores = results["dev"]
+    assert results["labels"] == ["food", "music", "sport", "weather"] and results["problem_type"] == (
+        "single_label_classification")
+    assert dev_scores["accuracy"] > 0.8 and dev_scores["macro_f1"] > 0.8, dev_scores
+    assert sorted(dev_scores["per_class_f1"]) == ["food", "music", "sport", "weather"] and "f1" not in dev_scores
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
+    assert model.config.id2label == {0: "food", 1: "music", 2: "sport", 3: "weather"}
+    assert model.config.label2id["weather"] == 3
+
+
+def test_text_pairs_with_the_word_level_layout(tmp_path, lm_checkpoint, one_thread):
+    """The label is the sentiment of the SECOND text; the first carries a sentiment word of its own (a distractor):
+    the model must read the pair `A <eos> B <eos>` and tell the texts apart."""
+    first, second = sentiment_rows(700, 1), sentiment_rows(700, 3)
+    rows = [(a, b, label) for (a, _), (b, label) in zip(first, second)]
+    train = write_tsv(tmp_path / "train.tsv", rows[:600], header=("first", "second", "label"))
+    dev = write_tsv(tmp_path / "dev.tsv", rows[600:], header=("first", "second", "label"))
+    results = run_script(tmp_path, lm_checkpoint, train, dev, "--text_column", "first", "--text_pair_column",
+                         "second", "--num_train_epochs", "4")
+    assert results["dev"]["accuracy"] > 0.85, results["dev"]
+
+
+def test_pair_layout_of_the_unigram_tokenizer_has_segment_ids(tmp_path):
+    """XLNet layout `A <sep> B <sep> <cls>` with segment ids 0/1/2, kept for the bidirectional backbone."""
+    from modeling_xl.finetuning.data import left_pad_collate, tokenize_split
+    from tokenization import train_unigram_tokenizer
+
+    import datasets
+
+    tokenizer = train_unigram_tokenizer([text for text, _ in sentiment_rows(300, 0)], vocab_size=60)
+    data = datasets.Dataset.from_dict({"a": ["good w1", "bad"], "b": ["w2 w3", "fine w4 w5"], "label": [1, 0]})
+    args = FinetuneArguments(model_name_or_path="unused", output_dir="unused", text_column="a", text_pair_column="b",
+                             max_length=64)
+    encoded = tokenize_split(data, [1, 0], tokenizer, args, keep_token_types=True)
+    first = encoded[0]
+    sep, cls = tokenizer.convert_tokens_to_ids("<sep>"), tokenizer.convert_tokens_to_ids("<cls>")
+    assert first["input_ids"][-1] == cls and first["token_type_ids"][-1] == 2
+    seps = [i for i, t in enumerate(first["input_ids"]) if t == sep]
+    assert len(seps) == 2 and seps[1] == len(first["input_ids"]) - 2
+    assert set(first["token_type_ids"][:seps[0] + 1]) == {0} and set(first["token_type_ids"][seps[0] + 1:-1]) == {1}
+    batch = left_pad_collate(tokenizer.pad_token_id)([encoded[0], encoded[1]])
+    assert batch["token_type_ids"].shape == batch["input_ids"].shape
+    assert batch["token_type_ids"][:, -1].tolist() == [2, 2]
+    short = tokenize_split(data, [1, 0], tokenizer, FinetuneArguments(
+        model_name_or_path="unused", output_dir="unused", text_column="a", text_pair_column="b", max_length=7),
+        keep_token_types=True)
+    assert max(len(x) for x in short["input_ids"]) <= 7 and all(x[-1] == cls for x in short["input_ids"])
+
+
+def test_regression_from_fractional_labels(tmp_path, lm_checkpoint, one_thread):
+    """The target is 0.8 per positive word minus 0.8 per negative one, plus 0.1: fractional, so regression."""
+    def rows(n, seed):
+        out = []
+        for text, _ in sentiment_rows(n, seed):
+            words = text.split()
+            out.append((text, round(0.8 * sum(w in POSITIVE for w in words) - 0.8 * sum(w in NEGATIVE for w in words)
+                                    + 0.1, 2)))
+        return out
+
+    train, dev = write_tsv(tmp_path / "train.tsv", rows(400, 1)), write_tsv(tmp_path / "dev.tsv", rows(100, 2))
+    results = run_script(tmp_path, lm_checkpoint, train, dev, "--num_train_epochs", "4")
+    assert results["problem_type"] == "regression" and results["labels"] == ["score"]
+    assert results["dev"]["pearsonr"] > 0.8 and results["dev"]["spearmanr"] > 0.7, results["dev"]
+    assert results["dev"]["mse"] == pytest.approx(results["dev"]["eval_loss"], rel=1e-5)
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
+    assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+
+
+def test_multi_label_from_delimited_labels(tmp_path, lm_checkpoint, one_thread):
+    def rows(n, seed):
+        return [(text, "|".join(sorted(topics))) for text, topics in topic_rows(n, seed)]
+
+    train, dev = write_tsv(tmp_path / "train.tsv", rows(500, 1)), write_tsv(tmp_path / "dev.tsv", rows(150, 2))
+    results = run_script(tmp_path, lm_checkpoint, train, dev, "--problem_type", "multi_label_classification",
+                         "--label_delimiter", "|", "--num_train_epochs", "8", "--threshold", "0.5", "--summary_type",
+                         "mean", "--learning_rate", "1e-2", "--per_device_train_batch_size", "8")
+    dev_scores = results["dev"]
+    assert results["labels"] == ["food", "music", "sport", "weather"]
+    # predicting every topic for every row scores micro F1 0.72 here (prevalence 0.57)
+    assert dev_scores["micro_f1"] > 0.8 and dev_scores["macro_f1"] > 0.8, dev_scores
+    assert sorted(dev_scores["per_class_f1"]) == results["labels"] and dev_scores["threshold"] == 0.5
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
+    assert model.config.problem_type == "multi_label_classification" and model.config.num_labels == 4
+
+
+def test_multi_label_from_json_lists(tmp_path):
+    from modeling_xl.finetuning.data import check_rows, load_raw_datasets
+
+    for name, rows in (("train", [["a", "b"], ["b"], ["c"]]), ("dev", [["c", "a"]])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": "x y", "tags": r}) + "\n" for r in rows))
+    args = FinetuneArguments(model_name_or_path="unused", output_dir="unused", train_file=str(tmp_path / "train.jsonl"),
+                             validation_file=str(tmp_path / "dev.jsonl"), text_column="text", label_column="tags")
+    labels, targets = check_rows(load_raw_datasets(args), args)
+    assert labels.problem_type == "multi_label_classification" and labels.names == ["a", "b", "c"]
+    assert targets["train"] == [[1.0, 1.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    assert targets["validation"] == [[1.0, 0.0, 1.0]]
+
+
+def long_rows(n, seed, length=40):
+    """Documents of `length` filler words whose sentiment word is among the FIRST eight words."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        label = int(torch.randint(0, 2, (1,), generator=generator))
+        words = [f"w{int(i)}" for i in torch.randint(0, 20, (length,), generator=generator)]
+        words[int(torch.randint(0, 8, (1,), generator=generator))] = (POSITIVE if label else NEGATIVE)[
+            int(torch.randint(0, 4, (1,), generator=generator))]
+        rows.append((" ".join(words), label))
+    return rows
+
+
+def test_long_documents_are_read_whole_through_forward_long(tmp_path, lm_checkpoint, monkeypatch, one_thread):
+    """--long_document keeps every token of a 41-token document and reads it 16 tokens at a time with memory, in
+    training and evaluation (that memory carries a label across segments: test_classification's
+    test_long_document_label_from_first_segment_is_learned_with_memory_only); without it the text is cut to its
+    last 16 tokens."""
+    calls = []
+    real = TransformerXLForSequenceClassification.forward_long
+
+    def spy(self, input_ids, attention_mask=None, labels=None, segment_len=128):
+        calls.append((tuple(input_ids.shape), segment_len, self.training))
+        return real(self, input_ids, attention_mask=attention_mask, labels=labels, segment_len=segment_len)
+
+    monkeypatch.setattr(TransformerXLForSequenceClassification, "forward_long", spy)
+    train, dev = write_tsv(tmp_path / "train.tsv", long_rows(32, 1)), write_tsv(tmp_path / "dev.tsv", long_rows(8, 2))
+    whole = run_script(tmp_path, lm_checkpoint, train, dev, "--max_length", "16", "--long_document",
+                       "--max_train_steps", "2", output="whole")
+    assert calls == [((16, 41), 16, True), ((16, 41), 16, True), ((8, 41), 16, False)]
+    assert whole["args"]["long_document"] and "segment_len=16" in (tmp_path / "whole" / "README.md").read_text()
+    calls.clear()
+    run_script(tmp_path, lm_checkpoint, train, dev, "--max_length", "16", "--max_train_steps", "2", output="cut")
+    assert calls == []
+
+
+def test_builtin_task_is_offline_deterministic_and_has_eight_topics():
+    from modeling_xl.finetuning.builtin_task import TOPICS, builtin_task
+
+    first = builtin_task()  # files in sorted order, split by a hash of the text: nothing random
+    assert sorted(set(first["train"]["label"])) == sorted(TOPICS) and len(TOPICS) >= 5
+    assert not set(first["train"]["sentence"]) & set(first["validation"]["sentence"])
+    assert len(first["validation"]) > 400 and len(first["train"]) > 2000
+    long = builtin_task(long_documents=True)
+    assert sum(len(t.split()) for t in long["train"]["sentence"]) / len(long["train"]) > 100
+
+
+# ---- bad input: named before training ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("train_rows, dev_rows, extra, match", [
+    ([("good film", 1), ("bad film", "")], [("fine", 1)], {},
+     r"train_file='.*train.tsv', row 2, column 'label': the label is missing"),
+    ([("good film", 1), ("bad film", 0)], [("fine", 1), ("dull", 7)], {},
+     r"validation_file='.*dev.tsv', row 2, column 'label': label 7 does not occur in the training labels; expected "
+     r"one of \['0', '1'\]"),
+    ([("good film", 1), ("bad film", 0), ("meh", 0.5)], [("fine", 1)],
+     {"problem_type": "single_label_classification"},
+     r"train_file='.*train.tsv', row 3, column 'label': label 0.5 is fractional in a classification task"),
+    ([("good film", 1.5), ("bad film", "nan")], [("fine", 1.0)], {},
+     r"train_file='.*train.tsv', row 2, column 'label': the label is missing"),
+    ([("good film", 1), ("  ", 0)], [("fine", 1)], {},
+     r"train_file='.*train.tsv', row 2, column 'sentence': the text is empty"),
+    ([("good film", "x"), ("bad film", 0.5)], [("fine", 1.0)], {"problem_type": "regression"},
+     r"train_file='.*train.tsv', row 1, column 'label': label 'x' is not a finite number"),
+])
+def test_bad_rows_are_named_before_training(tmp_path, lm_checkpoint, train_rows, dev_rows, extra, match):
+    args = finetune_args(tmp_path, lm_checkpoint, **extra)
+    write_tsv(Path(args.train_file), train_rows)
+    write_tsv(Path(args.validation_file), dev_rows)
+    with pytest.raises(ValueError, match=match):
+        run_finetuning(args)
+    assert not (tmp_path / "out" / "train_log.jsonl").exists()
+
+
+@pytest.mark.parametrize("mutate, error, match", [
+    (lambda a, p: setattr(a, "text_column", "text"), ValueError,
+     r"text_column='text' is not a column of the train split; expected one of \['sentence', 'label'\]"),
+    (lambda a, p: setattr(a, "text_pair_column", "other"), ValueError,
+     r"text_pair_column='other' is not a column of the train split"),
+    (lambda a, p: setattr(a, "validation_file", str(p / "nope.tsv")), FileNotFoundError, r"validation_file="),
+    (lambda a, p: setattr(a, "dataset_name", "glue"), ValueError, r"expected exactly one of them"),
+])
+def test_finetuning_bad_input(tmp_path, lm_checkpoint, mutate, error, match):
+    args = finetune_args(tmp_path, lm_checkpoint)
+    mutate(args, tmp_path)
+    with pytest.raises(error, match=match):
+        run_finetuning(args)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"max_length": 0}, r"max_length=0 is invalid; expected a positive integer"),
+    ({"per_device_train_batch_size": 0}, r"per_device_train_batch_size=0 is invalid; expected a positive integer"),
+    ({"overwrite_output_dir": True, "resume_from_checkpoint": "latest"}, r"overwrite_output_dir=True and "
+     r"resume_from_checkpoint='latest' are both set; expected one"),
+    ({"learning_rate": 0.0}, r"learning_rate=0.0 is invalid; expected a positive number"),
+    ({"max_train_time": -5.0}, r"max_train_time=-5.0 is invalid; expected a positive number of seconds"),
+    ({"summary_type": "bogus"}, r"summary_type='bogus' is invalid; expected one of \['last', 'first', 'mean'\]"),
+    ({"problem_type": "multiclass"}, r"problem_type='multiclass' is invalid; expected one of \["),
+    ({"threshold": 1.5}, r"threshold=1.5 is invalid; expected a probability strictly between 0 and 1"),
+    ({"long_document": True, "text_pair_column": "b"}, r"long_document=True and text_pair_column='b' are both set"),
+    ({"compare_with": "/nonexistent"}, r"compare_with='/nonexistent' is invalid; expected a "
+     r"classification_results.json file"),
+    ({"model_name_or_path": "/nonexistent/model"}, r"model_name_or_path='/nonexistent/model' does not exist; "
+     r"expected a local folder"),
+])
+def test_bad_arguments_are_named_before_anything_is_written(tmp_path, lm_checkpoint, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, **overrides))
+    assert not (tmp_path / "out").exists()
+
+
+def test_hub_dataset_goes_through_load_dataset_and_fails_offline_with_a_clear_message(tmp_path, monkeypatch):
+    import datasets
+
+    from modeling_xl.finetuning.data import load_raw_datasets
+
+    args = FinetuneArguments(model_name_or_path="unused", output_dir=str(tmp_path), dataset_name="glue",
+                             dataset_config_name="sst2")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError, match=r"could not load dataset_name='glue' \(config 'sst2'\) from the Hugging Face "
+                                      r"Hub .*pass local files with --train_file/--validation_file"):
+        load_raw_datasets(args)
+    split = datasets.Dataset.from_dict({"sentence": ["a"], "label": [0]})
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: calls.append(a) or datasets.DatasetDict(
+        train=split, validation=split, test=split))
+    raw = load_raw_datasets(args)
+    assert calls == [("glue", "sst2")] and sorted(raw) == ["train", "validation"]
+
+
+def test_local_train_and_dev_files_may_differ_in_columns(tmp_path):
+    from modeling_xl.finetuning.data import load_raw_datasets
+
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("index\tsentence\tlabel\n7\tfine\t1\n", encoding="utf-8")
+    args = FinetuneArguments(model_name_or_path="unused", output_dir=str(tmp_path / "out"),
+                             train_file=str(tmp_path / "train.tsv"), validation_file=str(tmp_path / "dev.tsv"))
+    raw = load_raw_datasets(args)
+    assert raw["train"]["label"] == [1, 0] and raw["validation"]["sentence"] == ["fine"]
+
+
+def test_offline_metric_modules_match_definitions():
+    import evaluate
+
+    from modeling_xl.metrics import METRICS_DIR
+
+    def load(name):
+        return evaluate.load(str(METRICS_DIR / name))
+
+    assert load("accuracy").compute(predictions=[0, 1, 1, 0], references=[0, 1, 0, 0])["accuracy"] == 0.75
+    f1 = load("f1")
+    assert f1.compute(predictions=[0, 1, 1, 0], references=[0, 1, 0, 0])["f1"] == pytest.approx(2 / 3)
+    # per class F1: class 0: 1.0, class 1: 2/3, class 2: 2/3 -> macro 7/9
+    assert f1.compute(predictions=[0, 1, 2, 2], references=[0, 1, 1, 2], average="macro")["f1"] == pytest.approx(7 / 9)
+    assert f1.compute(predictions=[0, 1, 2, 2], references=[0, 1, 1, 2], average=None, labels=[0, 1, 2, 3])["f1"] == (
+        pytest.approx([1.0, 2 / 3, 2 / 3, 0.0]))
+    # multi-label: class 0 TP 1 FP 1 -> 2/3; class 1 TP 1 -> 1; micro 2*2 / (2*2 + 1) = 0.8
+    multi = load("multilabel_f1").compute(predictions=[[1, 0], [1, 1]], references=[[1, 0], [0, 1]])
+    assert multi.pop("per_class_f1") == pytest.approx([2 / 3, 1.0])
+    assert multi == pytest.approx({"micro_f1": 0.8, "macro_f1": 5 / 6, "subset_accuracy": 0.5})
+    x, y = [1.0, 2.0, 3.0, 3.0, 7.0], [2.0, 1.0, 5.0, 4.0, 9.0]
+    mx, my = sum(x) / 5, sum(y) / 5
+    naive = sum((a - mx) * (b - my) for a, b in zip(x, y)) / (
+        sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y)) ** 0.5
+    assert load("pearsonr").compute(predictions=x, references=y)["pearsonr"] == pytest.approx(naive)
+    # ranks of x: [1, 2, 3.5, 3.5, 5]; of y: [2, 1, 4, 3, 5]
+    rx, ry = [1, 2, 3.5, 3.5, 5], [2, 1, 4, 3, 5]
+    naive_rank = sum((a - 3) * (b - 3) for a, b in zip(rx, ry)) / (
+        sum((a - 3) ** 2 for a in rx) * sum((b - 3) ** 2 for b in ry)) ** 0.5
+    assert load("spearmanr").compute(predictions=x, references=y)["spearmanr"] == pytest.approx(naive_rank)
+
+
+# ---- nothing lost --------------------------------------------------------------------------------------------------
+
+def test_a_failing_metric_is_named_and_the_weights_are_already_saved(tmp_path, lm_checkpoint, monkeypatch):
+    from modeling_xl.finetuning import MetricError, tasks
+
+    real = tasks.compute_metric
+
+    def broken(name, **inputs):
+        if name == "f1":
+            raise MetricError("metric 'f1' failed: RuntimeError: disk full")
+        return real(name, **inputs)
+
+    monkeypatch.setattr(tasks, "compute_metric", broken)
+    with pytest.raises(MetricError, match=r"metric 'f1' failed: RuntimeError: disk full \(after training; the "
+                                          r"fine-tuned model and tokenizer are saved in .*out\)"):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, max_train_steps=3, eval_steps=None,
+                                     checkpointing_steps=None))
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
+    assert model.config.num_labels == 2 and (tmp_path / "out" / "tokenizer.json").exists()
+
+
+def test_never_writes_over_the_model_it_starts_from_and_checks_the_tokenizer(tmp_path, lm_checkpoint):
+    from tokenization import train_word_level_tokenizer
+
+    before = {p.name: p.read_bytes() for p in lm_checkpoint.iterdir()}
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=r"output_dir=.* is the folder of model_name_or_path=.*; the fine-tuned "
+                                             "model would be saved over it"):
+            run_finetuning(finetune_args(tmp_path, lm_checkpoint, output_dir=str(lm_checkpoint),
+                                         overwrite_output_dir=overwrite))
+    assert {p.name: p.read_bytes() for p in lm_checkpoint.iterdir()} == before
+    big = train_word_level_tokenizer([f"w{i}" for i in range(300)])
+    big.save_pretrained(tmp_path / "big")
+    with pytest.raises(ValueError, match=r"tokenizer_name=.*big' does not fit model_name_or_path=.*tokenizer "
+                                         r"vocabulary has 302 tokens but config.vocab_size="):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, tokenizer_name=str(tmp_path / "big")))
+    assert not (tmp_path / "out" / "train_log.jsonl").exists()  # a retry in the same folder is not refused
+
+
+def test_script_from_scratch_with_comparison_in_the_card(tmp_path, lm_checkpoint, one_thread):
+    args = finetune_args(tmp_path, lm_checkpoint)
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({"initialisation": "pretrained elsewhere", "train_steps": 5, "train_seconds": 1.0,
+                                "dev": {"accuracy": 0.5, "macro_f1": 0.25}}))
+    run_script(tmp_path, lm_checkpoint, args.train_file, args.validation_file, "--from_scratch", "--max_train_steps",
+               "3", "--compare_with", str(base), output="scratch")
+    card = (tmp_path / "scratch" / "README.md").read_text()
+    assert "| from scratch |" in card and "| pretrained elsewhere | 0.5000 | 0.2500 | 5 | 1 |" in card
+
+
+# ---- the transformers ecosystem ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def classifier_folder(tmp_path, lm_checkpoint, one_thread):
+    train = write_tsv(tmp_path / "train.tsv", one_topic_rows(200, 1))
+    dev = write_tsv(tmp_path / "dev.tsv", one_topic_rows(40, 2))
+    run_script(tmp_path, lm_checkpoint, train, dev, "--max_train_steps", "30", output="clf")
+    return tmp_path / "clf"
+
+
+def test_saved_tokenizer_pads_and_pipeline_returns_label_names(classifier_folder):
+    from transformers import AutoTokenizer, DataCollatorWithPadding, pipeline
+
+    tokenizer = AutoTokenizer.from_pretrained(classifier_folder)
+    assert tokenizer.pad_token == "<eos>"
+    batch = tokenizer(["goal w1 w2", "soup"], padding=True, return_tensors="pt")
+    assert batch["input_ids"].shape[0] == 2 and batch["attention_mask"].sum().item() == 6  # each text + <eos>
+    collated = DataCollatorWithPadding(tokenizer)([tokenizer("goal w1 w2"), tokenizer("soup")])
+    assert collated["input_ids"].shape == (2, 4)
+    classifier = pipeline("text-classification", model=str(classifier_folder))
+    texts = ["goal w1 w2 w3", "soup w4", "song w5 w6", "snow", "w1 match w2", "cake", "drum w7", "wind w8 w9"]
+    batched = classifier(texts, batch_size=8)
+    assert [r["label"] for r in batched] == [r["label"] for r in classifier(texts, batch_size=1)]
+    assert {r["label"] for r in batched} <= {"food", "music", "sport", "weather"}
+    for one, many in zip(classifier(texts, batch_size=1), batched):
+        assert one["score"] == pytest.approx(many["score"], abs=1e-4)
+
+
+def test_trainer_fine_tunes_an_auto_model_with_padding_collator(classifier_folder, tmp_path, one_thread):
+    import datasets
+    from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
+
+    tokenizer = AutoTokenizer.from_pretrained(classifier_folder)
+    model = AutoModelForSequenceClassification.from_pretrained(classifier_folder)
+    assert isinstance(model, TransformerXLForSequenceClassification)
+    label2id = model.config.label2id
+    rows = one_topic_rows(40, 5)
+    data = datasets.Dataset.from_dict({"text": [t for t, _ in rows], "label": [label2id[lab] for _, lab in rows]})
+    data = data.map(lambda b: tokenizer(b["text"]), batched=True, remove_columns=["text"])
+    trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=4,
+                                                          per_device_train_batch_size=8, report_to=[], use_cpu=True,
+                                                          save_strategy="no", logging_steps=1),
+                      train_dataset=data, eval_dataset=data, data_collator=DataCollatorWithPadding(tokenizer))
+    before = model.logits_proj.weight.detach().clone()
+    trainer.train()
+    metrics = trainer.evaluate()
+    assert torch.isfinite(torch.tensor(metrics["eval_loss"])) and not torch.equal(before, model.logits_proj.weight)
+
+
+REMOTE = textwrap.dedent("""
+    import sys
+    sys.modules["modeling_xl"] = None  # the code must come from the folder
+    from transformers import AutoModelForSequenceClassification, pipeline
+    model = AutoModelForSequenceClassification.from_pretrained(sys.argv[1], trust_remote_code=True)
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    classifier = pipeline("text-classification", model=sys.argv[1], trust_remote_code=True)
+    print([r["label"] for r in classifier(["goal w1", "soup", "song w2"], batch_size=8)])
+""")
+
+
+def test_remote_code_classifier_and_pipeline_in_a_fresh_process(classifier_folder, tmp_path):
+    (tmp_path / "remote.py").write_text(REMOTE)
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(tmp_path / "remote.py"), str(classifier_folder)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    labels = eval(proc.stdout.strip().splitlines()[-1])
+    assert len(labels) == 3 and set(labels) <= {"food", "music", "sport", "weather"}
+
+
+# ---- resume and several processes ----------------------------------------------------------------------------------
+
+def step_losses(out) -> dict[int, float]:
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def test_resumed_from_a_checkpoint_trains_on_the_same_batches(tmp_path, lm_checkpoint, one_thread):
+    """4 batches per epoch, a checkpoint at step 6 (in the middle of the second epoch), dropout on: the resumed run
+    logs the losses of the uninterrupted one. A new run in a folder with checkpoints is refused unless it overwrites."""
+    import shutil
+
+    run = dict(max_train_samples=64, max_train_steps=10, checkpointing_steps=6, eval_steps=5)
+    first = run_finetuning(finetune_args(tmp_path, lm_checkpoint, **run))
+    out, resumed = tmp_path / "out", tmp_path / "resumed"
+    shutil.copytree(out / "checkpoint-6", resumed / "checkpoint-6")
+    second = run_finetuning(finetune_args(tmp_path, lm_checkpoint, **run, output_dir=str(resumed),
+                                          resume_from_checkpoint="latest"))
+    uninterrupted, continued = step_losses(out), step_losses(resumed)
+    assert sorted(continued) == [7, 8, 9, 10]
+    for step in continued:
+        assert continued[step] == pytest.approx(uninterrupted[step], rel=1e-6, abs=1e-7), step
+    assert second["dev"].pop("per_class_f1") == pytest.approx(first["dev"].pop("per_class_f1"), rel=1e-6)
+    assert second["dev"] == pytest.approx(first["dev"], rel=1e-6)
+    assert [h["step"] for h in second["history"]] == [5, 10] and second["train_steps"] == 10
+    with pytest.raises(ValueError, match=r"output_dir=.* already holds an earlier run \(checkpoint-6, train_log.jsonl, "
+                                         r"classification_results.json\); expected .*--overwrite_output_dir"):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, **run))
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint=.*checkpoint-6' was written with seed=42, this run "
+                                         r"has seed=7"):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, **run, seed=7, resume_from_checkpoint="latest"))
+    (out / "notes.txt").write_text("the user's own file")
+    (out / "checkpoint-100").mkdir()  # a folder named like a checkpoint that this tool did not write: kept
+    (out / "checkpoint-100" / "model.safetensors").write_text("someone's model")
+    short = {**run, "checkpointing_steps": 4, "max_train_steps": 4}
+    run_finetuning(finetune_args(tmp_path, lm_checkpoint, **short, overwrite_output_dir=True))
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-100", "checkpoint-4"]
+    assert sorted(step_losses(out)) == [1, 2, 3, 4] and (out / "notes.txt").exists()
+    assert (out / "checkpoint-100" / "model.safetensors").exists()
+    with pytest.raises(ValueError, match=r"tokenizer_name=.*checkpoint-4' lies in .*checkpoint-4, which "
+                                         r"--overwrite_output_dir would delete"):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, **short, overwrite_output_dir=True,
+                                     tokenizer_name=str(out / "checkpoint-4")))
+    assert (out / "checkpoint-4").exists()
+
+
+TWO_PROCESS_EVAL = textwrap.dedent("""
+    import json, sys
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from modeling_xl import TransformerXLConfig, TransformerXLForSequenceClassification
+    from modeling_xl.finetuning.data import left_pad_collate
+    from modeling_xl.finetuning.labels import LabelSpace
+    from modeling_xl.finetuning.loop import evaluate_model
+    from modeling_xl.finetuning.tasks import task_for
+
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = TransformerXLForSequenceClassification(TransformerXLConfig.from_preset("debug", num_labels=3))
+    generator = torch.Generator().manual_seed(1)  # 13 examples of different lengths: the last batch is uneven
+    dev = [{"input_ids": torch.randint(1, 97, (int(n),), generator=generator).tolist(), "labels": i % 3}
+           for i, n in enumerate(torch.randint(2, 9, (13,), generator=generator))]
+    loader = accelerator.prepare(DataLoader(dev, batch_size=4, collate_fn=left_pad_collate(0)))
+    task = task_for(LabelSpace("single_label_classification", ["a", "b", "c"], {}))
+    result = evaluate_model(accelerator, accelerator.prepare(model), loader, task)
+    with open(f"{sys.argv[1]}/rank{accelerator.process_index}.json", "w") as handle:
+        json.dump(result, handle)
+""")
+
+
+def test_dev_scores_of_two_processes_are_those_of_the_whole_dev_set(tmp_path):
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from modeling_xl.finetuning.data import left_pad_collate
+    from modeling_xl.finetuning.labels import LabelSpace
+    from modeling_xl.finetuning.loop import evaluate_model
+    from modeling_xl.finetuning.tasks import task_for
+
+    (tmp_path / "driver.py").write_text(TWO_PROCESS_EVAL)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+               str(port), str(tmp_path / "driver.py"), str(tmp_path)]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    torch.manual_seed(0)
+    model = TransformerXLForSequenceClassification(TransformerXLConfig.from_preset("debug", num_labels=3)).eval()
+    generator = torch.Generator().manual_seed(1)
+    dev = [{"input_ids": torch.randint(1, 97, (int(n),), generator=generator).tolist(), "labels": i % 3}
+           for i, n in enumerate(torch.randint(2, 9, (13,), generator=generator))]
+    with torch.no_grad():
+        by_hand = sum(float(model(torch.tensor([e["input_ids"]]), labels=torch.tensor([e["labels"]])).loss)
+                      for e in dev) / len(dev)
+    task = task_for(LabelSpace("single_label_classification", ["a", "b", "c"], {}))
+    one = evaluate_model(Accelerator(cpu=True), model, DataLoader(dev, batch_size=4, collate_fn=left_pad_collate(0)),
+                         task)
+    assert one["eval_loss"] == pytest.approx(by_hand, rel=1e-5)
+    per_class = one.pop("per_class_f1")
+    for result in ranks:
+        assert result.pop("per_class_f1") == pytest.approx(per_class, rel=1e-5)
+        assert result == pytest.approx(one, rel=1e-5)
+
+
+class _StubTraining:
+    """Accelerator, model, optimizer, scheduler and log of `train_loop` in one object: records each step's batch and
+    a dropout-like draw from the torch RNG."""
+
+    is_local_main_process = False
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, **batch):
+        self.seen.append((batch["x"].tolist(), float(torch.rand(()))))
+        return type("Out", (), {"loss": torch.zeros(())})()
+
+    def backward(self, loss): pass
+    def clip_grad_norm_(self, *args): pass
+    def reduce(self, tensor, reduction): return tensor
+    def train(self): pass
+    def parameters(self): return []
+    def step(self): pass
+    def zero_grad(self): pass
+    def get_last_lr(self): return [0.0]
+    def write(self, record): pass
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_train_loop_resumed_anywhere_reads_the_uninterrupted_batches(num_processes):
+    """Resumed from a checkpoint in the middle of an epoch or at its end, the loop reads the batches (and RNG draws)
+    of the uninterrupted run, in that epoch and the next ones. With several processes the order comes from the
+    generator Accelerate shares between them (here process 0 of 2), which Accelerate's own state does not save."""
+    import types
+
+    from accelerate import Accelerator
+    from accelerate.data_loader import prepare_data_loader
+    from accelerate.utils import set_seed
+    from torch.utils.data import DataLoader
+
+    from modeling_xl.finetuning.loop import train_loop
+
+    def loader():
+        set_seed(0)
+        plain = DataLoader([{"x": i} for i in range(12)], batch_size=2, shuffle=True)
+        if num_processes == 1:
+            return plain
+        return prepare_data_loader(plain, num_processes=2, process_index=0, put_on_device=False,
+                                   rng_types=["generator"])
+
+    Accelerator(cpu=True)
+    args = types.SimpleNamespace(disable_tqdm=True, eval_steps=None, checkpointing_steps=1, max_train_time=None,
+                                 long_document=False)
+    saved = {}
+    whole = _StubTraining()
+    train_loop(whole, args, whole, whole, whole, loader(), 14, 0, None, 0.0, whole, None,
+               lambda step, rng: saved.update({step: (torch.get_rng_state(), rng)}))
+    per_epoch = len(loader())
+    for at in (per_epoch + 1, 2 * per_epoch):  # in the middle of the second epoch, at the end of the second
+        torch_state, rng = saved[at]
+        resumed = _StubTraining()
+        torch.manual_seed(123)  # the resumed process starts elsewhere ...
+        dl = loader()
+        torch.set_rng_state(torch_state)  # ... and Accelerate's load_state restores the torch RNG
+        train_loop(resumed, args, resumed, resumed, resumed, dl, 14, at, rng, 0.0, resumed, None, lambda *a: None)
+        assert resumed.seen == whole.seen[at:], at
