@@ -395,6 +395,8 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         full = self._position_table[1] if self._position_table is not None else None
         if full is None or pos_emb is full or pos_emb.data_ptr() + pos_emb.nbytes != full.data_ptr() + full.nbytes:
             return
+        if any(type(layer.attn.r_net.weight.data) is not torch.Tensor for layer in self.layers):
+            return  # sharded weights (FSDP2 DTensors) are whole only inside each layer's own forward
         for layer, cache in zip(self.layers, self._table_projections):
             weights = (layer.attn.r_net.weight,)
             projected = cache.get(full, weights)

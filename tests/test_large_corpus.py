@@ -22,7 +22,7 @@ from modeling_xl.data.plm_rows import PLMRowLayout, trim_lengths
 from modeling_xl.data.token_cache import cache_key, open_cache
 from modeling_xl.training import parse_args
 from modeling_xl.training.cached_corpus import cache_identity
-from modeling_xl.training.corpus import build_data
+from modeling_xl.training.data_sources import build_data
 from tokenization.word_level import WordCounter, count_words, train_word_level_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

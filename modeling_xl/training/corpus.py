@@ -1,5 +1,5 @@
-"""`build_data(args, ...)`: corpus (modeling_xl.data.corpora) -> tokenizer (tokenization/) -> token streams
-(modeling_xl.data.tokenize) -> this process's rows (modeling_xl.data.streams, or training.plm).
+"""The in-memory pretraining corpus: corpus (modeling_xl.data.corpora) -> tokenizer (tokenization/) -> token ids
+(modeling_xl.data.tokenize); `data_sources.build_data` turns them into this process's rows.
 
 Every failure here (missing file or dataset, undecodable text, empty corpus, too few tokens for the streams) happens
 before the model is built, so bad input costs seconds, not a training run.
@@ -13,50 +13,10 @@ import os
 from pathlib import Path
 
 import numpy as np
-from accelerate import PartialState
-
-from .data import PretrainData, data_from_tokens
 
 logger = logging.getLogger(__name__)
 COUNT_BATCH = 500_000  # lines counted at a time when training a word-level vocabulary
 VALIDATION_FRACTION = 0.05  # held out from the end of the training rows when the corpus has no validation split
-
-
-def build_data(args, process_index: int, num_processes: int, per_process: int) -> PretrainData:
-    """Tokenizer and ordered streams of this process. The main process loads and tokenizes first (it fills the
-    `datasets` cache); the others then read the cache."""
-    if args.streaming:
-        from .streaming_corpus import build_streaming_data
-
-        return build_streaming_data(args, process_index, num_processes, per_process)
-    with PartialState().main_process_first():
-        if args.token_cache_dir is not None:  # tokenized once, memory-mapped by every process and later run
-            from .cached_corpus import cached_tokens
-
-            cache = cached_tokens(args)
-            tokenizer, source = cache.tokenizer(), str(args.train_file or args.dataset_name)
-            ids = {split: cache.tokens(split) for split in ("train", "validation")}
-        else:
-            corpus, source = load_splits(args)
-            tokenizer = load_tokenizer(args, corpus)
-            if args.objective == "plm":
-                from .plm import add_plm_tokens
-
-                add_plm_tokens(tokenizer)
-            from ..data.tokenize import tokenize_corpus
-
-            ids = tokenize_corpus(corpus, tokenizer, text_column=args.text_column,
-                                  num_proc=args.preprocessing_num_workers)
-    info = describe(args, source, tokenizer, ids)
-    num_streams = per_process * num_processes
-    if args.objective == "plm":
-        from .plm import plm_data_from_tokens
-
-        return plm_data_from_tokens(tokenizer, ids["train"], ids["validation"], args, num_streams=num_streams,
-                                    num_processes=num_processes, process_index=process_index, info=info)
-    return data_from_tokens(tokenizer, ids["train"], ids["validation"], num_streams=num_streams, tgt_len=args.tgt_len,
-                            eval_tgt_len=args.eval_tgt_len, num_processes=num_processes, process_index=process_index,
-                            info=info)
 
 
 def load_splits(args):

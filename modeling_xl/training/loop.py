@@ -68,7 +68,7 @@ def make_accelerator(args: PretrainArguments) -> Accelerator:
 def run_pretraining(args: PretrainArguments, data_builder: Callable[..., PretrainData] | None = None) -> dict:
     """Train, evaluate, write the final folder (and push it). Returns the final validation metrics.
 
-    `data_builder(args, process_index, num_processes, per_process)` -> PretrainData; default: `corpus.build_data`
+    `data_builder(args, process_index, num_processes, per_process)` -> PretrainData; default: `data_sources.build_data`
     (the datasets/tokenizers pipeline). Tests pass their own to train on tiny corpora. The output folder is locked
     for the whole run (`output_guard.OutputDirLock`): a second run there is refused instead of mixing with this one.
     """
@@ -98,7 +98,7 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
                          args.max_train_steps)
     set_seed(args.seed)
     if data_builder is None:
-        from .corpus import build_data as data_builder  # the data pipeline (datasets, tokenizers) is only needed here
+        from .data_sources import build_data as data_builder  # the data pipeline (datasets, tokenizers) is only needed here
     data = data_builder(args, accelerator.process_index, accelerator.num_processes, per_process)
     stream = {"train_tokens": data.info.get("train_tokens"),  # identifies the token stream a checkpoint continues
               "tokenizer_vocab_size": tokenizer_vocab_size(data.tokenizer), "objective": args.objective}
