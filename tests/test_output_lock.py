@@ -1,0 +1,67 @@
+"""One run per output folder: the lock `run_pretraining` holds for its lifetime, seen from other real processes
+(issue 20 item 3): a live holder refuses a second run before it writes anything; a holder killed by SIGKILL leaves a
+lock file that blocks nothing; a normal end removes the file."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from modeling_xl.training.arguments import parse_args
+from modeling_xl.training.loop import run_pretraining
+from modeling_xl.training.output_guard import LOCK_FILE, OutputDirLock, OutputDirLockedError
+
+REPO = Path(__file__).resolve().parents[1]
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from modeling_xl.training.output_guard import OutputDirLock
+    lock = OutputDirLock(sys.argv[1]).acquire()  # kept referenced: the flock lives as long as its file
+    print("locked", flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """A second process holding the lock of tmp_path / "run" until killed."""
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
+    assert process.stdout.readline().strip() == "locked"
+    yield out, process
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
+def test_a_second_run_on_a_locked_output_dir_is_refused_before_it_writes(holder):
+    out, process = holder
+    before = sorted(p.name for p in out.iterdir())
+    args = parse_args(["--preset", "debug", "--output_dir", str(out), "--max_train_steps", "2"])
+    with pytest.raises(OutputDirLockedError, match=rf"output_dir='{out}' is in use by another run \(process "
+                                                    rf"{process.pid}"):
+        run_pretraining(args, data_builder=lambda *a: pytest.fail("data built while another run holds the folder"))
+    assert sorted(p.name for p in out.iterdir()) == before == [LOCK_FILE]
+
+
+def test_a_lock_left_by_a_killed_run_blocks_nothing(holder):
+    out, process = holder
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert (out / LOCK_FILE).exists()  # the dead run's file stays; its flock went with the process
+    lock = OutputDirLock(out).acquire()
+    assert (out / LOCK_FILE).read_text().strip() == str(os.getpid())
+    lock.release()
+    assert not (out / LOCK_FILE).exists()  # a normal end removes the file
+
+
+def test_the_lock_is_free_again_after_a_normal_end(tmp_path):
+    with OutputDirLock(tmp_path):
+        with pytest.raises(OutputDirLockedError):
+            OutputDirLock(tmp_path).acquire()  # a second open file description: flock conflicts within a process too
+    OutputDirLock(tmp_path).acquire().release()
