@@ -109,10 +109,10 @@ def line_start(piece: Piece, line: int) -> int:
 
 
 def plan_pieces(train: Path, validation: Path | None, *, held_out_fraction: float, source_name: str,
-                piece_bytes: int = PIECE_BYTES, mapper=map) -> list[Piece]:
-    """Pieces of the training file (then of the validation file, or the held-out end of the training file).
-
-    `mapper` maps `count_lines` over pieces (a pool's `imap` counts in parallel)."""
+                piece_bytes: int | None = None, mapper=map) -> list[Piece]:
+    """Pieces of the training file (then of the validation file, or the held-out end of the training file), of
+    about `piece_bytes` (default `PIECE_BYTES`). `mapper` maps `count_lines` over pieces."""
+    piece_bytes = piece_bytes or PIECE_BYTES
     pieces = [Piece("train", str(train), a, b) for a, b in piece_bounds(train, piece_bytes)]
     if validation is not None:
         return pieces + [Piece("validation", str(validation), a, b) for a, b in piece_bounds(validation, piece_bytes)]
