@@ -23,6 +23,7 @@ being it), that piece is encoded by the Rust tokenizer instead, as `encode_lines
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import shutil
@@ -34,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-PIECE_BYTES = 32 << 20
+PIECE_BYTES = 8 << 20  # measured: 8 MB pieces counted ~1.5x faster per core than 32 MB ones (fewer page faults)
 
 
 @dataclass(frozen=True)
@@ -195,11 +196,23 @@ def _encode_piece(task) -> tuple[int, int]:
 
 # ---- the build (parent side) ---------------------------------------------------------------------------------------
 
+def _keep_freed_memory() -> None:
+    """Worker initializer: glibc malloc serves large arrays from its heap and keeps freed memory (the defaults
+    mmap each array of a piece and unmap it when freed, so every piece page-faults its memory in again: half the
+    time of a piece, measured). A worker's memory stays at its largest piece's. No-op outside glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def _pool_map(num_proc: int):
     if num_proc <= 1:
         return None, map
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers are the parallelism
-    pool = multiprocessing.get_context("fork").Pool(num_proc)
+    pool = multiprocessing.get_context("fork").Pool(num_proc, initializer=_keep_freed_memory)
     return pool, pool.imap
 
 
