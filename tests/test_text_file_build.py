@@ -186,3 +186,21 @@ def test_killed_text_file_build_is_never_used(tmp_path, step):
     assert not (cache_dir / key).exists() and open_cache(left) is None
     assert_cache_equals_in_memory(argv, cache_dir)
     assert not left.exists()
+
+
+def test_other_corpora_and_tokenizers_still_build_through_datasets(tmp_path):
+    """A jsonl corpus and a byte-level tokenizer are not the text-file build's: the generic build makes them."""
+    import json
+
+    jsonl, text = tmp_path / "train.jsonl", tmp_path / "train.txt"
+    jsonl.write_text("".join(json.dumps({"text": line}) + "\n" for line in corpus_text("plain").splitlines()))
+    text.write_text(corpus_text("plain"))
+    for name, train, extra in (("jsonl", jsonl, []), ("byte", text, ["--tokenizer_type", "byte"])):
+        cache_dir = tmp_path / name
+        argv = argv_for(train, None, cache_dir, *extra)
+        cache = cached_tokens(parse_args(argv))
+        assert cache.meta["build"]["method"] == "datasets"
+        reference, vocab = in_memory_ids(parse_args([a for a in argv if a not in ("--token_cache_dir", str(cache_dir))]))
+        assert cache.tokenizer().get_vocab() == vocab
+        for split, ids in reference.items():
+            assert np.array_equal(np.asarray(cache.tokens(split), dtype=np.int64), ids.astype(np.int64)), (name, split)
