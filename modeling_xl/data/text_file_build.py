@@ -128,7 +128,7 @@ def plan_pieces(train: Path, validation: Path | None, *, held_out_fraction: floa
                          "corpus with at least two lines")
     boundary = rows - max(1, int(rows * held_out_fraction))  # the first held-out line
     before = 0
-    for index, (piece, count) in enumerate(zip(pieces, lines + [0])):
+    for index, (piece, count) in enumerate(zip(pieces, lines)):
         if boundary < before + count or index == len(pieces) - 1:
             cut = line_start(piece, boundary - before)
             head = [replace(piece, end=cut)] if cut > piece.start else []

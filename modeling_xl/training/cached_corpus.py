@@ -130,7 +130,7 @@ def local_text_files(args) -> tuple[Path, Path | None] | None:
     plain-text files (.txt, .tokens, .raw, one text per line) that `build_from_text_files` reads; else None. Anything
     the datasets loader would refuse (an empty file, mixed extensions, another --text_column) also gives None, so
     that loader raises its own error."""
-    from ..data.corpora import BUILDERS, BUILTIN_NAMES, split_files
+    from ..data.corpora import BUILDERS, BUILTIN_NAMES, check_utf8, split_files
 
     source = args.train_file or args.dataset_name
     if source is None or source in BUILTIN_NAMES or not os.path.exists(source) or args.text_column != "text":
@@ -145,7 +145,10 @@ def local_text_files(args) -> tuple[Path, Path | None] | None:
         return None
     if any(f.stat().st_size == 0 for f in every):
         return None
-    return files["train"], validation if validation is not None else files.get("validation")
+    validation = validation if validation is not None else files.get("validation")
+    for unread in set(every) - {files["train"], validation}:  # e.g. a folder's test.txt: checked as datasets would
+        check_utf8(unread)
+    return files["train"], validation
 
 
 def build_from_text_files(args, folder: Path, train: Path, validation: Path | None):
