@@ -196,7 +196,8 @@ def bench_size(size: float, work: Path, args) -> dict:
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_corpus.py"), "--size_gb", str(size),
                         "--output_dir", str(corpus), "--valid_fraction", "0.0005"], check=True)
     cache = work / f"cache-{size:g}gb"
-    shutil.rmtree(cache, ignore_errors=True)
+    for stale in (cache, work / "run-a", work / "run-b", work / "run-c"):  # an earlier size's log and checkpoints
+        shutil.rmtree(stale, ignore_errors=True)
     result = {"size_gb": size, "bytes": (corpus / "train.txt").stat().st_size,
               "build": build_cache(corpus, cache, work, args.num_proc)}
     clean_hash = sha256(entry_of(cache) / "train.bin")

@@ -87,11 +87,12 @@ def cached_tokens(args) -> TokenCache:
 
 
 def _summary(splits: dict, dtype, phases: dict, num_proc: int, method: str):
-    """(splits, dtype, facts for meta.json) with the phases' seconds and the rates; logs one line."""
+    """(splits, dtype, facts for meta.json); logs one line. Phases: `load_seconds` (the corpus loaded, or the text
+    files cut into pieces), `tokenizer_seconds` (the tokenizer loaded or trained: the text-file build's word counting
+    pass is here), `tokenize_seconds` (the ids written)."""
     total, seconds = sum(splits.values()), sum(phases.values())
     facts = {"method": method, **phases, "num_proc": num_proc, "build_seconds": seconds,
-             "build_tokens_per_second": total / max(seconds, 1e-9),
-             "tokens_per_second": total / max(phases["tokenize_seconds"], 1e-9)}
+             "build_tokens_per_second": total / max(seconds, 1e-9)}
     logger.info("token cache built (%s): corpus %.1f s, tokenizer %.1f s, tokenization %.1f s: %s tokens in %.1f s "
                 "(%.2fM tokens/s, %d processes)", method, phases["load_seconds"], phases["tokenizer_seconds"],
                 phases["tokenize_seconds"], f"{total:,}", seconds, facts["build_tokens_per_second"] / 1e6, num_proc)
