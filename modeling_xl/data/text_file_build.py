@@ -198,8 +198,9 @@ def _encode_piece(task) -> tuple[int, int]:
 
 def _keep_freed_memory() -> None:
     """Worker initializer: glibc malloc serves large arrays from its heap and keeps freed memory (the defaults
-    mmap each array of a piece and unmap it when freed, so every piece page-faults its memory in again: half the
-    time of a piece, measured). A worker's memory stays at its largest piece's. No-op outside glibc."""
+    mmap each array of a piece and unmap it when freed, so every piece page-faults its memory in again; measured on
+    8 MB pieces: 51 MB/s per core with the defaults, 61 MB/s with this). A worker's memory stays at its largest
+    piece's. No-op outside glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
