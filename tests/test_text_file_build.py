@@ -34,6 +34,8 @@ def lines_array(text: str) -> pa.Array:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_byte_split_equals_split_words(seed):
+    """Every whitespace-like character, at random, and the edge cases of lines: the words and the words per line of
+    `split_words` (which the in-memory path uses)."""
     rng = np.random.default_rng(seed)
     alphabet = ["a", "bc", "\u00e9t\u00e9", "<sep>", "x", *ODD_CHARACTERS, "\n", "  "]
     text = "".join(rng.choice(alphabet, size=3000))
@@ -62,6 +64,17 @@ def test_first_seen_counts_merge_equals_counting_at_once():
         FirstSeenCounts().add(["a", "b"], np.array([1]))
 
 
+@pytest.mark.parametrize("window", [1, 2, 3, 1 << 20])
+def test_pieces_end_at_line_ends_and_never_split_crlf(tmp_path, window):
+    path = tmp_path / "mixed.txt"
+    path.write_bytes(b"ab\r\ncd\re\n\r\n\r\rfgh\r\n" * 7 + b"tail")
+    data = path.read_bytes()
+    bounds = text_file_build.piece_bounds(path, 3, window)
+    assert bounds[0][0] == 0 and bounds[-1][1] == len(data) and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    for _, end in bounds[:-1]:
+        assert data[end - 1:end] in (b"\n", b"\r") and data[end - 1:end + 1] != b"\r\n", end
+
+
 ODD_FILES = {
     "plain": "the cat sat\nthe dog\n\n a cat  \n",
     "crlf_no_last_newline": "the cat\r\nsat on\r\n\r\nthe mat\r\nend",
@@ -69,6 +82,7 @@ ODD_FILES = {
     "separators": "one\u2028two three\x1cfour\nfive\x1dsix \x85 seven\u00a0eight\n\u3000\nnine\x0bten\x0cz\n",
     "non_ascii": "caf\u00e9 na\u00efve \u4e2d\u6587 \U0001f600\n\ufeffbom word\n<sep>inside x<cls> <sep>\n",
     "blank_lines": "\n\n\nword\n\n",
+    "cr_only": "a b\rc d\r\re\r",
 }
 
 
@@ -80,7 +94,7 @@ def corpus_text(kind: str, lines: int = 400, seed: int = 0) -> str:
     body = "\n".join(" ".join(rng.choice(words, size=rng.integers(0, 12), p=weights / weights.sum()))
                      for _ in range(lines))
     odd = ODD_FILES[kind]
-    newline = "\r\n" if "crlf" in kind else "\n"
+    newline = "\r\n" if "crlf" in kind else "\r" if kind == "cr_only" else "\n"
     return odd + body.replace("\n", newline) + newline + odd  # ends as the odd file ends
 
 
@@ -122,6 +136,9 @@ def test_text_file_cache_equals_in_memory(tmp_path, monkeypatch, kind, with_vali
     if with_validation:
         valid = tmp_path / "valid.txt"
         valid.write_bytes(corpus_text(kind, lines=50, seed=1).encode())
+    bounds = text_file_build.piece_bounds(train, 97)
+    assert len(bounds) > 20 and bounds[0][0] == 0 and bounds[-1][1] == train.stat().st_size
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
     for workers, objective in (("1", "clm"), ("2", "plm")):
         cache = tmp_path / f"cache-{workers}"
         assert_cache_equals_in_memory(argv_for(train, valid, cache, "--preprocessing_num_workers", workers,

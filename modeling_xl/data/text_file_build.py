@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -68,8 +69,12 @@ def read_piece(piece: Piece) -> bytes:
     return text
 
 
-def piece_bounds(file: Path, piece_bytes: int) -> list[tuple[int, int]]:
-    """[start, end) byte ranges covering `file`, each ending after a "\\n" (or at the end of the file)."""
+_LINE_END = re.compile(rb"\r\n|\r|\n")  # Python's text mode ends lines at each of these
+
+
+def piece_bounds(file: Path, piece_bytes: int, window_bytes: int = 1 << 20) -> list[tuple[int, int]]:
+    """[start, end) byte ranges covering `file`, each ending after a line end ("\n", "\r\n" or a lone "\r", so
+    a file with old Mac line ends is cut too), or at the end of the file."""
     size = file.stat().st_size
     bounds, start = [], 0
     with open(file, "rb") as handle:
@@ -77,12 +82,17 @@ def piece_bounds(file: Path, piece_bytes: int) -> list[tuple[int, int]]:
             end = min(start + piece_bytes, size)
             handle.seek(end)
             while end < size:  # extend to the next line end
-                window = handle.read(1 << 20)
-                newline = window.find(b"\n")
-                if newline >= 0:
-                    end += newline + 1
-                    break
-                end += len(window)
+                window = handle.read(window_bytes)
+                line_end = _LINE_END.search(window)
+                if line_end is None:
+                    end += len(window)
+                    continue
+                cut = end + line_end.end()
+                if line_end.group() == b"\r" and line_end.end() == len(window):  # its "\n" in the next window?
+                    handle.seek(cut)
+                    cut += handle.read(1) == b"\n"
+                end = cut
+                break
             bounds.append((start, end))
             start = end
     return bounds
