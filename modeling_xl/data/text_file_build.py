@@ -4,7 +4,7 @@ The generic build (`token_cache.write_split_tokens`) first loads the corpus into
 the words in one process, then tokenizes. This one reads the text files directly, in pieces of `piece_bytes` cut at
 line ends, and gives the same ids bit for bit:
 
-1. plan: each file is cut into pieces after a "\\n"; without a validation file the last
+1. plan: each file is cut into pieces at line ends; without a validation file the last
    `max(1, int(rows * held_out_fraction))` lines of the training file are held out (the in-memory loader's rule), so
    the piece holding the boundary is cut at that line's first byte;
 2. count (all workers, one piece each at a time): the piece's text (line ends as Python's text mode reads them:
