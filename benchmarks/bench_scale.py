@@ -15,8 +15,8 @@ Per size (corpus from `benchmarks/make_corpus.py`, made once and kept in work_di
   the existing cache: time from launch to the first training step (beside the startup floor: the same launch that
   only imports the stack and starts the process group), peak RSS (VmHWM) and peak anonymous RSS per process
   (sampled every 0.1 s);
-- SIGKILL of the training (process group) after its first checkpoint, then `--resume_from_checkpoint latest`: the
-  losses after the checkpoint must equal the uninterrupted run's, step for step;
+- SIGKILL of the training (the launcher and every training process) after its first checkpoint, then
+  `--resume_from_checkpoint latest`: the losses after the checkpoint must equal the uninterrupted run's, step for step;
 - the in-memory path (no cache) for sizes <= --baseline_max_gb: peak RSS per process, for comparison.
 `--build_only` stops after the builds. Prints tables and writes `bench_scale.json` into work_dir.
 """
@@ -178,8 +178,17 @@ def train(command: list[str], out: Path, work: Path, kill_after_step: int | None
         if first_step is None and seen:
             first_step = time.perf_counter() - started
         if kill_after_step is not None and max(seen, default=0) >= kill_after_step and list(out.glob("checkpoints/*")):
+            # the launcher starts each training process in a session of its own (torch elastic), so killing the
+            # launcher's process group would leave them running: kill every descendant, then wait until none is left
+            everyone = launcher.children(recursive=True)
             os.killpg(process.pid, signal.SIGKILL)
+            for child in everyone:
+                try:
+                    child.send_signal(signal.SIGKILL)
+                except psutil.NoSuchProcess:
+                    pass
             process.wait()
+            psutil.wait_procs(everyone, timeout=60)
             break
         time.sleep(0.1)
     error = process.stderr.read() if process.returncode not in (0, -signal.SIGKILL) else ""
@@ -222,6 +231,10 @@ def bench_size(size: float, work: Path, args) -> dict:
         train(train_command(corpus, cache, work / "run-b", steps, False, args.num_proc), work / "run-b", work,
               kill_after_step=checkpoint + 2)
         killed_at = max(losses(work / "run-b"), default=0)
+        time.sleep(2)  # nothing may write to the log after the kill
+        if max(losses(work / "run-b"), default=0) != killed_at or killed_at >= steps:
+            raise RuntimeError(f"the killed run went on logging after the kill (step {killed_at} at the kill, "
+                               f"{max(losses(work / 'run-b'), default=0)} later, of {steps}): the kill test is void")
         train(train_command(corpus, cache, work / "run-b", steps, True, args.num_proc), work / "run-b", work)
         a, b = losses(work / "run-a"), losses(work / "run-b")
         result["killed_training"] = {"killed_after_step": killed_at, "steps_compared": len(a),
