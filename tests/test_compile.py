@@ -7,7 +7,6 @@ error. One slow test runs the training script itself under `accelerate launch --
 """
 
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import torch._dynamo
 from torch._dynamo.backends.debugging import aot_eager
 
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM
+
+REPO = Path(__file__).resolve().parents[1]
 
 VOCAB, BATCH, SEQ = 60, 2, 6
 STEPS = 4
@@ -120,3 +121,37 @@ def test_compiled_input_checks_stop_the_step(case, fresh_dynamo):
     with pytest.raises(RuntimeError, match=f"input_ids has ids outside the vocabulary; expected token ids in "
                                            f"\\[0, vocab_size={VOCAB}\\)"):
         compiled(**bad_ids)
+
+
+@pytest.mark.slow  # two launches of 2 processes, one of them compiling with inductor (minutes on 2 cores)
+def test_accelerate_launch_with_inductor_trains_like_eager(tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2 --dynamo_backend inductor` of the training loop (DDP over
+    gloo, the debug preset: adaptive input and softmax with two tail clusters, div_val 2, memory): no graph break,
+    one recompilation per process (the memory, absent at step 1), and the eager run's losses (dropout 0)."""
+    from generated_corpora import play_text
+    from test_training_runs import COMMON, DRIVER, free_port, losses
+
+    (tmp_path / "corpus.txt").write_text(play_text(30_000)[:30_000])
+    (tmp_path / "driver.py").write_text(DRIVER)
+    env = {**os.environ, "CORPUS": str(tmp_path / "corpus.txt"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "ACCELERATE_USE_CPU": "1", "TORCH_LOGS": "recompiles,graph_breaks",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    runs = {}
+    for backend in ("no", "inductor"):
+        out = tmp_path / backend
+        command = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", backend, "--main_process_port", str(free_port()),
+                   str(tmp_path / "driver.py"), *COMMON, "--max_train_steps", "6", "--eval_steps", "100",
+                   "--dropout", "0", "--dropatt", "0", "--output_dir", str(out)]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-4000:]
+        runs[backend] = (losses(out), result.stderr)
+    (eager, _), (compiled, log) = runs["no"], runs["inductor"]
+    assert "Graph break" not in log, log[-4000:]
+    recompiles = [line for line in log.splitlines() if "Recompiling function" in line]
+    reasons = [line for line in log.splitlines() if "- 0/0:" in line or "- 0/1:" in line]
+    assert len(recompiles) == 2 and all("mems is None" in r for r in reasons), log[-4000:]  # one per process
+    assert sorted(compiled) == sorted(eager) == list(range(1, 7))
+    for step in eager:
+        assert compiled[step] == pytest.approx(eager[step], rel=1e-5), (step, compiled, eager)
