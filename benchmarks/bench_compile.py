@@ -7,23 +7,30 @@ with the memory carried and torch's fused Adam, in this one process:
 - warm-up: the wall time of the compiled model's first steps (step 1 compiles the graph without memory, step 2 the
   graph with memory; a permutation LM whose memory is still filling (mem_len > reuse_len) compiles once more, with a
   dynamic memory length) against the eager model's first steps;
-- steps/s: median step time after warm-up, the two sides alternating round by round;
+- steps/s: median step time after warm-up, the two sides alternating step by step; the speed-up is the median of
+  the ratios of consecutive eager and compiled steps (a shared machine's load shifts hit both of a pair alike);
 - losses: every step's loss of both sides (they take the same updates, so they stay equal up to float32 rounding,
   which the updates carry forward);
 - the compiled formulation's matrix products: under compilation the adaptive input and softmax run every cluster
   over every token (masked) instead of selecting each cluster's rows, so that shapes do not depend on the data;
   FlopCounterMode counts one training step of each formulation, run eagerly.
 
+Inductor keeps compiled graphs in an on-disk cache (`TORCHINDUCTOR_CACHE_DIR`, by default under /tmp) and a later
+process compiling the same graphs loads them instead: the warm-up is measured with an empty cache of its own unless
+`--warm_cache` (then the default cache, as a second run of the same command would find it).
+
     python benchmarks/bench_compile.py                  # both objectives
-    python benchmarks/bench_compile.py --objectives clm --rounds 3 --steps 5
+    python benchmarks/bench_compile.py --objectives clm --rounds 20
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from unittest import mock
@@ -35,6 +42,7 @@ from bench_plm import plm_batches  # noqa: E402
 from common import counted_matmul_flops, print_table, set_threads, stream_segments, word_level_ids, write_json  # noqa: E402
 
 BATCH, TGT_LEN = 16, 64  # the `tiny` recipe (modeling_xl/training/recipes.py)
+N_BATCHES = 64  # consecutive segments, enough for the default warm-up and rounds without reusing one
 
 
 def build(objective: str):
@@ -45,13 +53,13 @@ def build(objective: str):
     if objective == "clm":
         config = TransformerXLConfig.from_preset("tiny", dropout=0.0, dropatt=0.0)
         ids = word_level_ids(config.vocab_size)
-        segments = stream_segments(ids, BATCH, TGT_LEN, 40)
+        segments = stream_segments(ids, BATCH, TGT_LEN, N_BATCHES)
         batches = [dict(input_ids=s[:, :-1], next_token_labels=s[:, 1:]) for s in segments]
         return TransformerXLForCausalLM(config).train(), batches, clm_step
     reuse_len = TGT_LEN // 2  # the script's defaults (modeling_xl/training/plm.py, plm_settings)
     config = TransformerXLConfig.from_preset("tiny", dropout=0.0, dropatt=0.0, adaptive=False, cutoffs=[],
                                              tie_projs=[False], attn_type="bi", reuse_len=reuse_len)
-    batches = plm_batches(40, config.vocab_size, batch=BATCH, seq_len=TGT_LEN, reuse_len=reuse_len,
+    batches = plm_batches(N_BATCHES, config.vocab_size, batch=BATCH, seq_len=TGT_LEN, reuse_len=reuse_len,
                           num_predict=max(2, round(TGT_LEN / 6)), perm_size=reuse_len)
     return TransformerXLForPermutationLM(config).train(), batches, plm_step
 
@@ -85,7 +93,7 @@ class Side:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - begin)
-            self.losses.append(float(loss))
+            self.losses.append(float(loss.detach()))
             self.i += 1
         return times
 
@@ -115,9 +123,11 @@ def measure(objective: str, backend: str, warmup_steps: int, rounds: int, steps:
         times["eager"] += eager.steps(steps)
         times["compiled"] += compiled.steps(steps)
     step_s = {name: statistics.median(t) for name, t in times.items()}
+    # the two sides alternate step by step (by default), so a load change hits both steps of a pair alike
+    paired = statistics.median(e / c for e, c in zip(times["eager"], times["compiled"]))
     diffs = [abs(a - b) / abs(b) for a, b in zip(compiled.losses, eager.losses)]
     return {"objective": objective, "warmup_step_s": warm, "step_times": times, "step_s": step_s,
-            "steps_per_s": {name: 1 / s for name, s in step_s.items()}, "speedup": step_s["eager"] / step_s["compiled"],
+            "steps_per_s": {name: 1 / s for name, s in step_s.items()}, "speedup": paired,
             "losses": {"eager": eager.losses, "compiled": compiled.losses}, "max_rel_loss_diff": max(diffs),
             "max_rel_loss_diff_first_steps": max(diffs[:warmup_steps]), "matmul_flops_per_step": flops,
             "tokens_per_step": BATCH * TGT_LEN}
@@ -128,18 +138,22 @@ def main(argv=None) -> dict:
     parser.add_argument("--objectives", nargs="+", default=["clm", "plm"], choices=["clm", "plm"])
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--warmup_steps", type=int, default=3, help="first steps timed one by one (compilation)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5, help="steps timed per round and side")
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=1, help="steps timed per round and side")
+    parser.add_argument("--warm_cache", action="store_true", help="keep inductor's default on-disk cache")
     parser.add_argument("--output", default="benchmarks/results/compile.json")
     args = parser.parse_args(argv)
     set_threads()
-    results = [measure(o, args.backend, args.warmup_steps, args.rounds, args.steps) for o in args.objectives]
+    with tempfile.TemporaryDirectory(prefix="bench_compile_inductor_") as cache:
+        if not args.warm_cache:  # read when inductor first compiles, so set before any compilation
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        results = [measure(o, args.backend, args.warmup_steps, args.rounds, args.steps) for o in args.objectives]
     rows = []
     for r in results:
         for name in ("eager", "compiled"):
             rows.append([r["objective"], name, " / ".join(f"{t:.2f}" for t in r["warmup_step_s"][name]),
                          r["steps_per_s"][name], r["step_s"][name], r["matmul_flops_per_step"][name] / 1e9])
-        rows.append([r["objective"], "compiled / eager", "", f"{r['speedup']:.2f}x", "",
+        rows.append([r["objective"], "compiled / eager (median of paired steps)", "", f"{r['speedup']:.2f}x", "",
                      f"{r['matmul_flops_per_step']['compiled'] / r['matmul_flops_per_step']['eager']:.2f}x"])
     table = print_table(["objective", "side", f"first {args.warmup_steps} steps, s each", "steps/s after warm-up",
                          "step s (median)", "matmul GFLOP / fwd+bwd"], rows)
@@ -147,7 +161,7 @@ def main(argv=None) -> dict:
         print(f"{r['objective']}: largest relative loss difference compiled vs eager {r['max_rel_loss_diff']:.2e} "
               f"over {len(r['losses']['eager'])} steps ({r['max_rel_loss_diff_first_steps']:.2e} over the first "
               f"{args.warmup_steps})")
-    result = {"backend": args.backend, "batch": BATCH, "tgt_len": TGT_LEN, "results": results, "table": table}
+    result = {"backend": args.backend, "warm_cache": args.warm_cache, "batch": BATCH, "tgt_len": TGT_LEN, "results": results, "table": table}
     write_json(args.output, result)
     return result
 
