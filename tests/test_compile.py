@@ -8,6 +8,7 @@ error. One slow test runs the training script itself under `accelerate launch --
 
 import copy
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -126,8 +127,9 @@ def test_compiled_input_checks_stop_the_step(case, fresh_dynamo):
 @pytest.mark.slow  # two launches of 2 processes, one of them compiling with inductor (minutes on 2 cores)
 def test_accelerate_launch_with_inductor_trains_like_eager(tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2 --dynamo_backend inductor` of the training loop (DDP over
-    gloo, the debug preset: adaptive input and softmax with two tail clusters, div_val 2, memory): no graph break,
-    one recompilation per process (the memory, absent at step 1), and the eager run's losses (dropout 0)."""
+    gloo, the debug preset: adaptive input and softmax with two tail clusters, div_val 2, memory): no graph break in
+    the model, one recompilation per process (the memory, absent at step 1), and the eager run's losses (dropout 0).
+    """
     from generated_corpora import play_text
     from test_training_runs import COMMON, DRIVER, free_port, losses
 
@@ -148,10 +150,15 @@ def test_accelerate_launch_with_inductor_trains_like_eager(tmp_path):
         assert result.returncode == 0, result.stderr[-4000:]
         runs[backend] = (losses(out), result.stderr)
     (eager, _), (compiled, log) = runs["no"], runs["inductor"]
-    assert "Graph break" not in log, log[-4000:]
-    recompiles = [line for line in log.splitlines() if "Recompiling function" in line]
-    reasons = [line for line in log.splitlines() if "- 0/0:" in line or "- 0/1:" in line]
-    assert len(recompiles) == 2 and all("mems is None" in r for r in reasons), log[-4000:]  # one per process
+    # DDP's own wrapper breaks once before the model (its `_pre_forward` logging); the model's code never does
+    breaks = re.findall(r"Graph break.*? in user code at (\S+)", log)
+    assert breaks and not [b for b in breaks if "modeling_xl" in b], sorted(set(breaks))
+    # the model's forward recompiles once per process (the memory, absent at step 1); dynamo's wrapper around it under
+    # DDP (`inner` in torch/_dynamo/external_utils.py) recompiles for the same reason
+    recompiled = re.findall(r"Recompiling function (\S+) in (\S+)", log)
+    assert len([path for _, path in recompiled if "modeling_xl" in path]) == 2, recompiled
+    reasons = re.findall(r"- \d+/\d+: (.*)", log)
+    assert reasons and all(re.match(r"(kwargs\['mems'\]|mems) is None", r) for r in reasons), reasons
     assert sorted(compiled) == sorted(eager) == list(range(1, 7))
     for step in eager:
         assert compiled[step] == pytest.approx(eager[step], rel=1e-5), (step, compiled, eager)
