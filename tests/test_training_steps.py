@@ -234,6 +234,15 @@ def test_plm_resumed_with_a_larger_max_train_steps_trains_on_the_same_batches(tm
         with pytest.raises(ValueError, match=message):
             run_pretraining(debug_args(resumed, *plm, *changed, "--max_train_steps", "12", "--resume_from_checkpoint",
                                        "latest"), plm_builder)
+    # a checkpoint written before the samples were keyed by (seed, row, step) carries no sampling version: its data
+    # position belongs to other samples, so it is refused rather than continued on different batches
+    state_file = resumed / "checkpoints" / "step_0000012" / "training_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["plm_sampling_version"] == 2
+    state_file.write_text(json.dumps({k: v for k, v in state.items() if k != "plm_sampling_version"}))
+    with pytest.raises(ValueError, match="plm_sampling_version=1, this run's training data has plm_sampling_version=2"):
+        run_pretraining(debug_args(resumed, *plm, "--max_train_steps", "16", "--resume_from_checkpoint", "latest"),
+                        plm_builder)
 
 
 # ---------------------------------------------------------------- bad input, before any training

@@ -30,6 +30,10 @@ from __future__ import annotations
 import numpy as np
 
 SEGMENT_A, SEGMENT_B, SEGMENT_CLS = 0, 1, 2
+# Which samples a (stream, seed, settings) gives; recorded in checkpoints, so that a resume never continues a run on
+# other samples than it started with. 1: the A/B choices drawn step by step from one generator (until 2026-11-25);
+# 2: drawn from `sample_rng(seed, row, step)`, so any row and step can be laid out alone.
+SAMPLING_VERSION = 2
 NUM_SPECIAL_TOKENS = 3  # <sep> after A, <sep> after B, <cls>
 
 

@@ -44,6 +44,7 @@ FIELD_CHECKS = {
                       and v["segments_consumed"] >= 0, "{'segments_consumed': integer >= 0}"),
     "seed": (lambda v: v is None or _is_int(v), "an integer"),
     "bi_data": (lambda v: isinstance(v, bool), "true or false"),
+    "plm_sampling_version": _POSITIVE,
 }
 
 

@@ -103,9 +103,11 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     stream = {"train_tokens": data.info.get("train_tokens"),  # identifies the token stream a checkpoint continues
               "tokenizer_vocab_size": tokenizer_vocab_size(data.tokenizer), "objective": args.objective}
     if args.objective == "plm":  # its samples, targets and permutations are drawn from these
+        from ..data.plm_layout import SAMPLING_VERSION
         from .plm import plm_settings
 
-        stream.update(seed=args.seed, bi_data=args.bi_data, **plm_settings(args))
+        stream.update(seed=args.seed, bi_data=args.bi_data, plm_sampling_version=SAMPLING_VERSION,
+                      **plm_settings(args))
     if saved is not None:  # still before anything is written or loaded
         check_same_stream(saved, stream, resume_from)
     config = build_config(args, stream["tokenizer_vocab_size"])
