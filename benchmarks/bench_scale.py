@@ -4,17 +4,21 @@
     python benchmarks/bench_scale.py --sizes_gb 0.1 0.5 1 5 --work_dir /data/bench-scale
 
 Per size (corpus from `benchmarks/make_corpus.py`, made once and kept in work_dir):
-- cache build: `--token_cache_dir` entry built by one process (its meta.json records the phases): corpus load
-  (datasets' Arrow conversion), word counts for the tokenizer, tokenization (tokens/s over `--num_proc` processes);
-- SIGKILL during the build (once part files exist), then a rerun: the rebuilt train.bin must equal the clean one;
+- cache build: `--token_cache_dir` entry built by one process and `--num_proc` workers, from the text files
+  directly (`modeling_xl.data.text_file_build`); its meta.json gives the phases (plan / word counts / ids written),
+  and the wall time, CPU seconds and load average around it are recorded. Up to `--datasets_build_max_gb` the
+  generic build (corpus loaded through datasets, words counted in one process) runs on the same corpus too: its
+  time beside, and whether its train.bin is byte-equal;
+- SIGKILL during the build (once it has written its first files), then a rerun: the rebuilt train.bin must equal
+  the clean one;
 - training with 2 processes (`accelerate launch --multi_gpu --num_processes 2`, CPU/gloo unless a GPU is present) on
   the existing cache: time from launch to the first training step (beside the startup floor: the same launch that
   only imports the stack and starts the process group), peak RSS (VmHWM) and peak anonymous RSS per process
   (sampled every 0.1 s);
-- SIGKILL of the training (process group) after its first checkpoint, then `--resume_from_checkpoint latest`: the
-  losses after the checkpoint must equal the uninterrupted run's, step for step;
+- SIGKILL of the training (the launcher and every training process) after its first checkpoint, then
+  `--resume_from_checkpoint latest`: the losses after the checkpoint must equal the uninterrupted run's, step for step;
 - the in-memory path (no cache) for sizes <= --baseline_max_gb: peak RSS per process, for comparison.
-Prints a table and writes `bench_scale.json` into work_dir.
+`--build_only` stops after the builds. Prints tables and writes `bench_scale.json` into work_dir.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -40,8 +45,10 @@ ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 BUILD = """
 import sys
 from modeling_xl.training import parse_args
-from modeling_xl.training.cached_corpus import cached_tokens
-cached_tokens(parse_args(sys.argv[1:]))
+from modeling_xl.training import cached_corpus
+if sys.argv[1] == "datasets":  # the generic build: corpus loaded through datasets, counted in one process
+    cached_corpus.local_text_files = lambda args: None
+cached_corpus.cached_tokens(parse_args(sys.argv[2:]))
 """
 
 
@@ -69,22 +76,30 @@ def entry_of(cache: Path) -> Path:
     return next(p for p in cache.iterdir() if p.is_dir() and not p.name.endswith(".partial"))
 
 
-def build_cache(corpus: Path, cache: Path, work: Path, num_proc: int) -> dict:
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", BUILD, *data_args(corpus, cache, num_proc), "--disable_tqdm"],
+def build_cache(corpus: Path, cache: Path, work: Path, num_proc: int, method: str = "text") -> dict:
+    """One cache build in a fresh process; its phases come from the entry's meta.json. CPU seconds are the build
+    process's and its workers' (user + system), and the load average is read before and after."""
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
+    child = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", BUILD, method, *data_args(corpus, cache, num_proc), "--disable_tqdm"],
                    env=environment(work), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     meta = json.loads((entry_of(cache) / "meta.json").read_text())
-    return {"wall_seconds": time.perf_counter() - started, **meta["build"], "tokens": meta["splits"]}
+    return {"wall_seconds": time.perf_counter() - started, **meta["build"], "tokens": meta["splits"],
+            "cpu_seconds": (after.ru_utime - child.ru_utime) + (after.ru_stime - child.ru_stime),
+            "load_average": [load_before, os.getloadavg()[0]]}
 
 
 def killed_build(corpus: Path, cache: Path, work: Path, num_proc: int, clean_hash: str) -> dict:
-    """SIGKILL once part files exist (tokenization under way), then rerun; the new train.bin must equal the clean."""
+    """SIGKILL once the build has written its first files (word counts under way: the scratch files of the text-file
+    build, or the datasets build's part files), then rerun; the new train.bin must equal the clean one."""
     shutil.rmtree(cache, ignore_errors=True)
-    process = subprocess.Popen([sys.executable, "-c", BUILD, *data_args(corpus, cache, num_proc), "--disable_tqdm"],
-                               env=environment(work), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
-    while process.poll() is None and len(list(cache.glob("*.partial/train.bin.part*"))) < 2:
-        time.sleep(0.05)
+    process = subprocess.Popen([sys.executable, "-c", BUILD, "text", *data_args(corpus, cache, num_proc),
+                                "--disable_tqdm"], env=environment(work), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    while process.poll() is None and len(list(cache.glob("*.partial/scratch/piece*"))
+                                         + list(cache.glob("*.partial/train.bin.part*"))) < 2:
+        time.sleep(0.01)
     killed = process.poll() is None
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
@@ -163,8 +178,17 @@ def train(command: list[str], out: Path, work: Path, kill_after_step: int | None
         if first_step is None and seen:
             first_step = time.perf_counter() - started
         if kill_after_step is not None and max(seen, default=0) >= kill_after_step and list(out.glob("checkpoints/*")):
+            # the launcher starts each training process in a session of its own (torch elastic), so killing the
+            # launcher's process group would leave them running: kill every descendant, then wait until none is left
+            everyone = launcher.children(recursive=True)
             os.killpg(process.pid, signal.SIGKILL)
+            for child in everyone:
+                try:
+                    child.send_signal(signal.SIGKILL)
+                except psutil.NoSuchProcess:
+                    pass
             process.wait()
+            psutil.wait_procs(everyone, timeout=60)
             break
         time.sleep(0.1)
     error = process.stderr.read() if process.returncode not in (0, -signal.SIGKILL) else ""
@@ -181,10 +205,21 @@ def bench_size(size: float, work: Path, args) -> dict:
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_corpus.py"), "--size_gb", str(size),
                         "--output_dir", str(corpus), "--valid_fraction", "0.0005"], check=True)
     cache = work / f"cache-{size:g}gb"
-    shutil.rmtree(cache, ignore_errors=True)
+    for stale in (cache, work / "run-a", work / "run-b", work / "run-c"):  # an earlier size's log and checkpoints
+        shutil.rmtree(stale, ignore_errors=True)
     result = {"size_gb": size, "bytes": (corpus / "train.txt").stat().st_size,
               "build": build_cache(corpus, cache, work, args.num_proc)}
     clean_hash = sha256(entry_of(cache) / "train.bin")
+    if size <= args.datasets_build_max_gb:  # the generic build on the same corpus: its time and the same ids
+        other = work / f"cache-datasets-{size:g}gb"
+        shutil.rmtree(other, ignore_errors=True)
+        shutil.rmtree(work / "hf-datasets", ignore_errors=True)  # its corpus load is timed, not read from a cache
+        result["datasets_build"] = build_cache(corpus, other, work, args.num_proc, method="datasets")
+        result["datasets_build"]["train_bin_equal"] = sha256(entry_of(other) / "train.bin") == clean_hash
+        shutil.rmtree(other, ignore_errors=True)
+    if args.build_only:
+        shutil.rmtree(cache, ignore_errors=True)
+        return result
     steps = args.steps
     run = train(train_command(corpus, cache, work / "run-a", steps, False, args.num_proc), work / "run-a", work)
     result["train"] = {**run, "startup_floor_seconds": startup_floor(work)}
@@ -196,6 +231,10 @@ def bench_size(size: float, work: Path, args) -> dict:
         train(train_command(corpus, cache, work / "run-b", steps, False, args.num_proc), work / "run-b", work,
               kill_after_step=checkpoint + 2)
         killed_at = max(losses(work / "run-b"), default=0)
+        time.sleep(2)  # nothing may write to the log after the kill
+        if max(losses(work / "run-b"), default=0) != killed_at or killed_at >= steps:
+            raise RuntimeError(f"the killed run went on logging after the kill (step {killed_at} at the kill, "
+                               f"{max(losses(work / 'run-b'), default=0)} later, of {steps}): the kill test is void")
         train(train_command(corpus, cache, work / "run-b", steps, True, args.num_proc), work / "run-b", work)
         a, b = losses(work / "run-a"), losses(work / "run-b")
         result["killed_training"] = {"killed_after_step": killed_at, "steps_compared": len(a),
@@ -207,6 +246,25 @@ def bench_size(size: float, work: Path, args) -> dict:
     return result
 
 
+def build_row(r: dict) -> list[str]:
+    build, generic = r["build"], r.get("datasets_build")
+    return [f"{r['size_gb']:g} GB", f"{sum(build['tokens'].values()) / 1e6:.1f}M",
+            f"{build['build_seconds']:.1f} ({build['load_seconds']:.1f} / {build['tokenizer_seconds']:.1f} / "
+            f"{build['tokenize_seconds']:.1f})", f"{build['build_tokens_per_second'] / 1e6:.2f}M",
+            f"{build['cpu_seconds']:.0f}", "-".join(f"{x:.1f}" for x in build["load_average"]),
+            "-" if generic is None else f"{generic['build_seconds']:.1f} ({generic['build_tokens_per_second'] / 1e6:.2f}M"
+            f"{'' if generic['train_bin_equal'] else ', ids DIFFER'})"]
+
+
+def train_row(r: dict) -> list[str]:
+    run = r["train"]
+    return [f"{r['size_gb']:g} GB", f"{run['seconds_to_first_step']:.1f} ({run['startup_floor_seconds']:.1f})",
+            "/".join(map(str, run["peak_rss_mb"])), "/".join(map(str, run["peak_anon_rss_mb"])),
+            "/".join(map(str, r.get("in_memory_train", {}).get("peak_rss_mb", []))) or "-",
+            str(r.get("killed_build", {}).get("rebuilt_equals_clean", "-")),
+            str(r.get("killed_training", {}).get("identical_losses", "-"))]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes_gb", type=float, nargs="+", default=[0.5, 1.0, 5.0])
@@ -215,6 +273,9 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=30, help="training steps per run (checkpoint every steps/3)")
     parser.add_argument("--kill_test_max_gb", type=float, default=1.0, help="kill tests only up to this size")
     parser.add_argument("--baseline_max_gb", type=float, default=0.1, help="in-memory runs only up to this size")
+    parser.add_argument("--datasets_build_max_gb", type=float, default=0.1,
+                        help="also time the generic build (corpus loaded through datasets) up to this size")
+    parser.add_argument("--build_only", action="store_true", help="only the cache builds (no training runs)")
     args = parser.parse_args(argv)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -222,19 +283,12 @@ def main(argv=None) -> None:
     for size in args.sizes_gb:
         results.append(bench_size(size, work, args))
         print(json.dumps(results[-1]), flush=True)
-    rows = []
-    for r in results:
-        build, run = r["build"], r["train"]
-        rows.append([f"{r['size_gb']:g} GB", f"{sum(build['tokens'].values()) / 1e6:.0f}M",
-                     f"{build['tokens_per_second'] / 1e6:.2f}M", f"{build['wall_seconds']:.0f}",
-                     f"{run['seconds_to_first_step']:.1f} ({run['startup_floor_seconds']:.1f})",
-                     "/".join(map(str, run["peak_rss_mb"])),
-                     "/".join(map(str, run["peak_anon_rss_mb"])),
-                     "/".join(map(str, r.get("in_memory_train", {}).get("peak_rss_mb", []))) or "-",
-                     str(r.get("killed_build", {}).get("rebuilt_equals_clean", "-")),
-                     str(r.get("killed_training", {}).get("identical_losses", "-"))])
-    print_table(["corpus", "tokens", "tokenize/s", "build s", "first step s (startup floor)", "peak RSS MB", "anon MB",
-                       "in-memory RSS MB", "kill build ok", "kill train ok"], rows)
+    print_table(["corpus", "tokens", "build s (load / count / write)", "build tokens/s", "CPU s", "load avg",
+                 "generic build s (tokens/s)"], [build_row(r) for r in results])
+    trained = [r for r in results if "train" in r]
+    if trained:
+        print_table(["corpus", "first step s (startup floor)", "peak RSS MB", "anon MB", "in-memory RSS MB",
+                     "kill build ok", "kill train ok"], [train_row(r) for r in trained])
     (work / "bench_scale.json").write_text(json.dumps({"machine": machine_description(), "args": vars(args),
                                                        "results": results}, indent=2))
 

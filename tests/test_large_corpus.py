@@ -111,6 +111,15 @@ KILLED_BUILD = textwrap.dedent('''
     token_cache.write_split_tokens = write_then_die
     import modeling_xl.training.cached_corpus as cached_corpus
     cached_corpus.write_split_tokens = write_then_die
+    from modeling_xl.data import text_file_build  # the build that reads text files directly
+
+    encode = text_file_build.encode_pieces
+
+    def encode_then_die(*args, **kwargs):  # train.bin and validation.bin are on disk, the entry is not complete
+        encode(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    text_file_build.encode_pieces = encode_then_die
     cached_tokens(parse_args(sys.argv[1:]))
 ''')
 

@@ -33,6 +33,49 @@ def count_words(lines: Iterable[str] | pa.Array, *, lowercase: bool = False) -> 
     return encoded.dictionary.to_pylist(), counts
 
 
+class FirstSeenCounts:
+    """Merge of (distinct words in first-seen order, counts) pairs made over consecutive parts of a corpus, in part
+    order: the words of the whole corpus in first-seen order, with their total counts (what `count_words` gives on
+    all the parts at once). First-seen order of the whole = each part's words in its order, skipping words an earlier
+    part had, which is the dictionary order of the concatenated parts' word lists: one Arrow `dictionary_encode`
+    merges them (no Python loop per word). Parts wait until they hold as many words as the merged list, so each word
+    is hashed O(log parts) times.
+
+    Example: add(["b", "a"], [1, 1]), add(["a", "c"], [1, 1]) -> (["b", "a", "c"], [1, 2, 1]).
+    """
+
+    def __init__(self):
+        self.words = pa.array([], pa.large_string())
+        self.counts = np.zeros(0, dtype=np.int64)
+        self._pending: list[tuple[pa.Array, np.ndarray]] = []
+        self._pending_words = 0
+
+    def add(self, words: pa.Array | Sequence[str], counts: np.ndarray) -> None:
+        words = words if isinstance(words, pa.Array) else pa.array(list(words), pa.string())
+        if len(words) != len(counts):
+            raise ValueError(f"{len(words)} words with {len(counts)} counts; expected one count per word")
+        self._pending.append((words.cast(pa.large_string()), np.asarray(counts, dtype=np.int64)))
+        self._pending_words += len(words)
+        if self._pending_words >= max(len(self.words), 1 << 20):
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self._pending:
+            return
+        words = pa.concat_arrays([self.words, *(w for w, _ in self._pending)])
+        counts = np.concatenate([self.counts, *(c for _, c in self._pending)])
+        encoded = pc.dictionary_encode(words)  # dictionary in first-seen order of the concatenation
+        # bincount sums in float64: exact for totals below 2**53
+        totals = np.rint(np.bincount(encoded.indices.to_numpy(), weights=counts,
+                                     minlength=len(encoded.dictionary))).astype(np.int64)
+        self.words, self.counts = encoded.dictionary, totals
+        self._pending, self._pending_words = [], 0
+
+    def result(self) -> tuple[list[str], np.ndarray]:
+        self._merge()
+        return self.words.to_pylist(), self.counts.copy()
+
+
 class WordCounter:
     """`count_words` over a corpus read batch by batch (streamed, larger than memory): memory holds the distinct
     words, not the text. `update(lines)` per batch; `result()` gives exactly what `count_words` gives on all the
@@ -43,19 +86,19 @@ class WordCounter:
 
     def __init__(self, *, lowercase: bool = False):
         self.lowercase = lowercase
-        self.index: dict[str, int] = {}  # word -> first-seen position
-        self.counts = np.zeros(0, dtype=np.int64)
+        self._merged = FirstSeenCounts()
 
     def update(self, lines: Iterable[str] | pa.Array) -> None:
-        words, counts = count_words(lines, lowercase=self.lowercase)  # first-seen order within the batch
-        positions = np.fromiter((self.index.setdefault(word, len(self.index)) for word in words), dtype=np.int64,
-                                count=len(words))
-        if len(self.index) > self.counts.size:
-            self.counts = np.concatenate([self.counts, np.zeros(len(self.index) - self.counts.size, np.int64)])
-        np.add.at(self.counts, positions, counts)
+        lines = as_string_array(lines)
+        if self.lowercase:
+            lines = lowercase_like_tokenizers(lines)
+        words, _ = split_words(lines)
+        encoded = pc.dictionary_encode(words)  # first-seen order within the batch
+        self._merged.add(encoded.dictionary, np.bincount(encoded.indices.to_numpy(),
+                                                         minlength=len(encoded.dictionary)))
 
     def result(self) -> tuple[list[str], np.ndarray]:
-        return list(self.index), self.counts.copy()
+        return self._merged.result()
 
 
 def lowercase_like_tokenizers(lines: pa.Array) -> pa.Array:

@@ -65,7 +65,7 @@ def ordered_splits(names) -> list[str]:
     return sorted(names, key=lambda name: (rank.get(name, 3), name))
 
 
-def _split_files(path: Path) -> dict[str, Path]:
+def split_files(path: Path) -> dict[str, Path]:
     if path.is_file():
         return {"train": path}
     files = {}
@@ -80,7 +80,7 @@ def _split_files(path: Path) -> dict[str, Path]:
 
 
 def _load_local(path: Path, cache_dir: str | None) -> datasets.DatasetDict:
-    files = _split_files(path)
+    files = split_files(path)
     suffixes = {file.suffix for file in files.values()}
     if len(suffixes) != 1 or next(iter(suffixes)) not in BUILDERS:
         raise ValueError(f"corpus files {sorted(map(str, files.values()))} have extensions {sorted(suffixes)}; "

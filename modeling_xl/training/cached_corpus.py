@@ -69,40 +69,136 @@ def cache_identity(args) -> dict:
 def cached_tokens(args) -> TokenCache:
     """The cache entry of this run's corpus and tokenizer, built when absent. Processes that share the folder wait
     on its lock and open the entry the first one built (on several machines with local folders, one process per
-    machine builds it)."""
-    from .corpus import load_splits, load_tokenizer
+    machine builds it). Local text files with a word-level tokenizer are read directly (`build_from_text_files`);
+    any other corpus or tokenizer goes through `datasets` (`build_through_datasets`): the same ids either way."""
 
     def build(folder: Path):
-        started = time.perf_counter()
-        corpus, _ = load_splits(args)
-        loaded = time.perf_counter()
-        tokenizer = load_tokenizer(args, corpus)
-        trained = time.perf_counter()
-        if args.objective == "plm":
-            from .plm import add_plm_tokens
-
-            add_plm_tokens(tokenizer)
-        from .data import tokenizer_vocab_size
-
-        dtype = token_dtype(tokenizer_vocab_size(tokenizer))
-        num_proc = args.preprocessing_num_workers or os.cpu_count() or 1
-        splits = {split: write_split_tokens(corpus[split], tokenizer, folder / f"{split}.bin",
-                                            text_column=args.text_column, dtype=dtype, num_proc=num_proc,
-                                            desc=f"Tokenizing {split} into the cache",
-                                            disable_progress=args.disable_tqdm)
-                  for split in ("train", "validation")}
-        tokenized = time.perf_counter()
-        tokenizer.save_pretrained(str(folder / "tokenizer"))
-        facts = {"load_seconds": loaded - started, "tokenizer_seconds": trained - loaded,
-                 "tokenize_seconds": tokenized - trained, "num_proc": num_proc,
-                 "tokens_per_second": sum(splits.values()) / max(tokenized - trained, 1e-9)}
-        logger.info("token cache built: corpus loaded in %.1f s, tokenizer in %.1f s, %s tokens in %.1f s "
-                    "(%.2fM tokens/s, %d processes)", facts["load_seconds"], facts["tokenizer_seconds"],
-                    f"{sum(splits.values()):,}", facts["tokenize_seconds"], facts["tokens_per_second"] / 1e6, num_proc)
-        return splits, dtype, facts
+        files = local_text_files(args)
+        if files is not None:
+            built = build_from_text_files(args, folder, *files)
+            if built is not None:
+                return built
+        return build_through_datasets(args, folder)
 
     cache = get_or_build(args.token_cache_dir, cache_identity(args), build)
     logger.info("token cache %s: %s tokens (%s)", cache.path,
                 ", ".join(f"{split} {count:,}" for split, count in cache.splits.items()), cache.meta["dtype"])
     return cache
 
+
+def _summary(splits: dict, dtype, phases: dict, num_proc: int, method: str):
+    """(splits, dtype, facts for meta.json); logs one line. Phases: `load_seconds` (the corpus loaded, or the text
+    files cut into pieces), `tokenizer_seconds` (the tokenizer loaded or trained: the text-file build's word counting
+    pass is here), `tokenize_seconds` (the ids written)."""
+    total, seconds = sum(splits.values()), sum(phases.values())
+    facts = {"method": method, **phases, "num_proc": num_proc, "build_seconds": seconds,
+             "build_tokens_per_second": total / max(seconds, 1e-9)}
+    logger.info("token cache built (%s): corpus %.1f s, tokenizer %.1f s, tokenization %.1f s: %s tokens in %.1f s "
+                "(%.2fM tokens/s, %d processes)", method, phases["load_seconds"], phases["tokenizer_seconds"],
+                phases["tokenize_seconds"], f"{total:,}", seconds, facts["build_tokens_per_second"] / 1e6, num_proc)
+    return splits, dtype, facts
+
+
+def build_through_datasets(args, folder: Path):
+    """Any corpus and tokenizer: the corpus loaded into `datasets`' Arrow files, the tokenizer loaded or trained on
+    it, then every split tokenized in `--preprocessing_num_workers` processes."""
+    from .corpus import load_splits, load_tokenizer
+    from .data import tokenizer_vocab_size
+
+    started = time.perf_counter()
+    corpus, _ = load_splits(args)
+    loaded = time.perf_counter()
+    tokenizer = load_tokenizer(args, corpus)
+    if args.objective == "plm":
+        from .plm import add_plm_tokens
+
+        add_plm_tokens(tokenizer)
+    trained = time.perf_counter()
+    dtype = token_dtype(tokenizer_vocab_size(tokenizer))
+    num_proc = args.preprocessing_num_workers or os.cpu_count() or 1
+    splits = {split: write_split_tokens(corpus[split], tokenizer, folder / f"{split}.bin",
+                                        text_column=args.text_column, dtype=dtype, num_proc=num_proc,
+                                        desc=f"Tokenizing {split} into the cache", disable_progress=args.disable_tqdm)
+              for split in ("train", "validation")}
+    tokenizer.save_pretrained(str(folder / "tokenizer"))
+    phases = {"load_seconds": loaded - started, "tokenizer_seconds": trained - loaded,
+              "tokenize_seconds": time.perf_counter() - trained}
+    return _summary(splits, dtype, phases, num_proc, "datasets")
+
+
+def local_text_files(args) -> tuple[Path, Path | None] | None:
+    """(training file, validation file or None: hold out the training file's last lines) when the corpus is local
+    plain-text files (.txt, .tokens, .raw, one text per line) that `build_from_text_files` reads; else None. Anything
+    the datasets loader would refuse (an empty file, mixed extensions, another --text_column) also gives None, so
+    that loader raises its own error."""
+    from ..data.corpora import BUILDERS, BUILTIN_NAMES, check_utf8, split_files
+
+    source = args.train_file or args.dataset_name
+    if source is None or source in BUILTIN_NAMES or not os.path.exists(source) or args.text_column != "text":
+        return None
+    try:
+        files = split_files(Path(source))
+        validation = split_files(Path(args.validation_file))["train"] if args.validation_file else None
+    except (OSError, ValueError):
+        return None
+    every = [*files.values(), *([validation] if validation is not None else [])]
+    if len({f.suffix for f in files.values()}) != 1 or any(BUILDERS.get(f.suffix) != "text" for f in every):
+        return None
+    if any(f.stat().st_size == 0 for f in every):
+        return None
+    validation = validation if validation is not None else files.get("validation")
+    for unread in set(every) - {files["train"], validation}:  # e.g. a folder's test.txt: checked as datasets would
+        check_utf8(unread)
+    return files["train"], validation
+
+
+def build_from_text_files(args, folder: Path, train: Path, validation: Path | None):
+    """The entry from local text files (`modeling_xl.data.text_file_build`): the same ids as
+    `build_through_datasets`. None when the tokenizer is not of the word-level shape it encodes (the caller then
+    builds through datasets)."""
+    from tokenization.arrow_words import WordLevelPlan
+
+    from ..data.text_file_build import count_pieces, encode_pieces, plan_pieces
+    from .corpus import VALIDATION_FRACTION, load_tokenizer, word_level_tokenizer_from_counts, word_vocabulary_size
+    from .data import tokenizer_vocab_size
+    from .plm import add_plm_tokens
+
+    tokenizer = None
+    if args.tokenizer_name or args.model_name_or_path:
+        tokenizer = load_tokenizer(args, None)
+        if args.objective == "plm":
+            add_plm_tokens(tokenizer)
+        plan = WordLevelPlan.from_tokenizer(tokenizer)
+        if plan is None or plan.lowercase:
+            return None
+    elif args.tokenizer_type != "word":
+        return None
+    started = time.perf_counter()
+    num_proc = args.preprocessing_num_workers or os.cpu_count() or 1
+    source = args.train_file or args.dataset_name
+    name = "train_file" if args.train_file else "dataset_name"
+    pieces = plan_pieces(train, validation, held_out_fraction=VALIDATION_FRACTION, source_name=f"{name}={source!r}")
+    planned = time.perf_counter()
+    counted = count_pieces(pieces, folder / "scratch", num_proc=num_proc, count_train=tokenizer is None,
+                           desc="Counting words (cache build 1/2)", disable_progress=args.disable_tqdm)
+    held_out = validation is None  # the validation lines are the training file's last lines
+    checks = [(str(source), counted.split_words["train"] + held_out * counted.split_words["validation"],
+               counted.split_lines["train"] + held_out * counted.split_lines["validation"])]
+    if args.validation_file:  # loaded as a corpus of its own, whose training split must have text
+        checks.append((str(args.validation_file), counted.split_words["validation"], counted.split_lines["validation"]))
+    for corpus_name, words, rows in checks:  # as `corpora.check_corpus` says it
+        if words == 0:
+            raise ValueError(f"corpus {corpus_name!r} has an empty training split ({rows} rows, no text); expected "
+                             f"at least one non-empty line")
+    if tokenizer is None:
+        tokenizer = word_level_tokenizer_from_counts(counted.words, counted.counts, word_vocabulary_size(args))
+        if args.objective == "plm":
+            add_plm_tokens(tokenizer)
+    trained = time.perf_counter()
+    dtype = token_dtype(tokenizer_vocab_size(tokenizer))
+    splits = encode_pieces(pieces, folder / "scratch", folder, tokenizer, dtype=dtype, num_proc=num_proc,
+                           desc="Writing token ids (cache build 2/2)", disable_progress=args.disable_tqdm)
+    tokenizer.save_pretrained(str(folder / "tokenizer"))
+    phases = {"load_seconds": planned - started, "tokenizer_seconds": trained - planned,
+              "tokenize_seconds": time.perf_counter() - trained}
+    return _summary(splits, dtype, phases, num_proc, "text files")

@@ -59,22 +59,27 @@ def load_tokenizer(args, corpus):
             name = "tokenizer_name" if args.tokenizer_name else "model_name_or_path"
             raise ValueError(f"{name}={saved!r} has no loadable tokenizer ({error}); expected a folder with "
                              "tokenizer.json (e.g. written by scripts/train_tokenizer.py)") from None
-    from ..configuration_transformer_xl import PRESETS
-
     if args.tokenizer_type == "byte":
         from tokenization.char_level import byte_level_tokenizer
 
         return byte_level_tokenizer()
     texts = corpus["train"].data.column(args.text_column)
     if args.tokenizer_type == "word":
-        vocab_size = args.tokenizer_vocab_size or PRESETS[args.preset]["vocab_size"]
-        reserved = 2 if args.objective == "plm" else 0  # <sep> and <cls>, added by `add_plm_tokens`
-        return word_level_tokenizer_of_size(texts, vocab_size - reserved)
+        return word_level_tokenizer_of_size(texts, word_vocabulary_size(args))
     if args.tokenizer_type == "char":
         from tokenization.char_level import train_char_level_tokenizer
 
         return train_char_level_tokenizer(texts.to_pylist())
     raise ValueError(f"tokenizer_type={args.tokenizer_type!r} is invalid; expected 'word', 'char' or 'byte'")
+
+
+def word_vocabulary_size(args) -> int:
+    """Symbols of the word-level vocabulary trained here: --tokenizer_vocab_size (or the preset's), less <sep> and
+    <cls> with the permutation LM (`add_plm_tokens` adds them after training)."""
+    from ..configuration_transformer_xl import PRESETS
+
+    vocab_size = args.tokenizer_vocab_size or PRESETS[args.preset]["vocab_size"]
+    return vocab_size - (2 if args.objective == "plm" else 0)
 
 
 def word_level_tokenizer_of_size(texts, vocab_size: int):
