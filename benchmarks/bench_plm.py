@@ -42,27 +42,29 @@ XLNET = dict(vocab_size=16000, d_model=512, n_layer=6, n_head=8, d_inner=2048, f
 BATCH, SEQ_LEN, REUSE_LEN, NUM_PREDICT, PERM_SIZE = 4, 128, 64, 21, 64
 
 
-def plm_batches(n_steps: int, vocab_size: int) -> list[dict]:
-    """Consecutive batches whose reuse halves continue each other row by row, collated by the project's sampler."""
+def plm_batches(n_steps: int, vocab_size: int, batch: int = BATCH, seq_len: int = SEQ_LEN, reuse_len: int = REUSE_LEN,
+                num_predict: int = NUM_PREDICT, perm_size: int = PERM_SIZE) -> list[dict]:
+    """Consecutive batches whose reuse halves continue each other row by row, collated by the project's sampler
+    (by default at this benchmark's shape; bench_compile.py passes the `tiny` recipe's)."""
     from modeling_xl.data.plm_sampling import PLMCollator, PLMSamplingConfig
 
     sep_id, cls_id = vocab_size - 2, vocab_size - 1
-    per_row = (n_steps + 1) * SEQ_LEN
-    ids = word_level_ids(vocab_size - 2, max_tokens=BATCH * per_row).view(BATCH, -1)
-    collator = PLMCollator(PLMSamplingConfig(sep_id=sep_id, cls_id=cls_id, seq_len=SEQ_LEN, reuse_len=REUSE_LEN,
-                                             num_predict=NUM_PREDICT, perm_size=PERM_SIZE))
-    a_len = (SEQ_LEN - REUSE_LEN - 3) // 2
-    b_len = SEQ_LEN - REUSE_LEN - 3 - a_len
+    per_row = (n_steps + 1) * seq_len
+    ids = word_level_ids(vocab_size - 2, max_tokens=batch * per_row).view(batch, -1)
+    collator = PLMCollator(PLMSamplingConfig(sep_id=sep_id, cls_id=cls_id, seq_len=seq_len, reuse_len=reuse_len,
+                                             num_predict=num_predict, perm_size=perm_size))
+    a_len = (seq_len - reuse_len - 3) // 2
+    b_len = seq_len - reuse_len - 3 - a_len
     batches = []
     for step in range(n_steps):
         examples = []
-        for row in range(BATCH):
-            reuse = ids[row, step * REUSE_LEN : (step + 1) * REUSE_LEN]
+        for row in range(batch):
+            reuse = ids[row, step * reuse_len : (step + 1) * reuse_len]
             rest = ids[row, per_row // 2 + step * (a_len + b_len) :][: a_len + b_len]
             sample = torch.cat([reuse, rest[:a_len], torch.tensor([sep_id]), rest[a_len:], torch.tensor([sep_id, cls_id])])
-            types = torch.tensor([0] * (REUSE_LEN + a_len + 1) + [1] * (b_len + 1) + [2])
+            types = torch.tensor([0] * (reuse_len + a_len + 1) + [1] * (b_len + 1) + [2])
             examples.append({"input_ids": sample.numpy(), "token_type_ids": types.numpy(),
-                             "example_id": step * BATCH + row})
+                             "example_id": step * batch + row})
         batches.append(collator(examples))
     return batches
 

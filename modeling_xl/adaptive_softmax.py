@@ -329,6 +329,8 @@ class AdaptiveEmbedding(nn.Module):
                 emb = F.linear(emb, self.emb_projs[0].weight)
             return emb * self.scale
         flat = input_ids.reshape(-1)
+        if torch.compiler.is_compiling():
+            return self.masked_forward(flat).view(*input_ids.shape, -1) * self.scale
         rows, pieces = [], []
         # Every cluster runs, even with no token in this batch, so DDP sees all parameters used.
         for (lo, hi), table, proj in zip(self.bounds, self.emb_layers, self.emb_projs):
@@ -338,6 +340,19 @@ class AdaptiveEmbedding(nn.Module):
         pieces = torch.cat(pieces)  # [N, d_model], in cluster order
         emb = pieces.new_zeros(flat.numel(), pieces.size(-1)).index_copy(0, torch.cat(rows), pieces)
         return emb.view(*input_ids.shape, -1) * self.scale
+
+    def masked_forward(self, flat: torch.Tensor) -> torch.Tensor:
+        """Unscaled embeddings [N, d_model] of ids [N] (div_val > 1) with shapes that do not depend on the ids, for
+        `torch.compile`: every cluster embeds every token (ids clamped into its table) and keeps the rows of its own
+        tokens. Selecting each cluster's rows (`nonzero`) makes a shape that changes every batch, which the compiler
+        either cannot trace or recompiles for. Costs one [N, d_i] x [d_i, d_model] product per cluster over all N
+        tokens instead of the cluster's own (small next to the layers)."""
+        emb = None
+        for (lo, hi), table, proj in zip(self.bounds, self.emb_layers, self.emb_projs):
+            piece = F.linear(table((flat - lo).clamp(0, hi - lo - 1)), proj.weight)  # [N, d_model]
+            piece = torch.where(((flat >= lo) & (flat < hi))[:, None], piece, 0.0)
+            emb = piece if emb is None else emb + piece
+        return emb
 
 
 class AdaptiveLogSoftmax(nn.Module):
@@ -428,6 +443,8 @@ class AdaptiveLogSoftmax(nn.Module):
         valid = targets >= 0
         cluster = torch.bucketize(targets, self._tail_starts(targets.device), right=True)  # 0 = shortlist
         head_column = torch.where(cluster == 0, targets, self.shortlist + cluster - 1).masked_fill(~valid, 0)
+        if torch.compiler.is_compiling():
+            return torch.where(valid, -self.masked_log_probs(hidden, targets, cluster, head_column), 0.0)
         # Every cluster runs, on an empty selection too, so that all parameters take part in the graph.
         rows = [(cluster == i).nonzero().squeeze(1) for i in range(1, self.n_clusters + 1)]
         logits = self.every_cluster_logits([hidden, *(hidden[idx] for idx in rows)], table_gradient)
@@ -437,6 +454,22 @@ class AdaptiveLogSoftmax(nn.Module):
             local = targets[idx] - self.bounds[i][0]
             logprob = logprob.index_add(0, idx, gathered_log_softmax(logits[i], local, consume=True))
         return torch.where(valid, -logprob, 0.0)
+
+    def masked_log_probs(self, hidden, targets, cluster, head_column) -> torch.Tensor:
+        """log P(target) [N] with shapes that do not depend on the targets, for `torch.compile` (see `forward`):
+        every tail cluster scores every row and each row keeps its own cluster's term. Selecting the rows of each
+        cluster (`nonzero`) gives shapes that change every batch, which the compiler cannot trace without
+        recompiling. Plain ops (no custom autograd nodes), for the compiler to fuse. Costs the tail clusters' products
+        over all N rows instead of their own rows (measured in benchmarks/bench_compile.py)."""
+        weights = self.cluster_weights()
+        head = torch.log_softmax(self.cluster_logits(hidden, 0, weights), dim=-1)
+        logprob = head.gather(1, head_column[:, None]).squeeze(1)  # head column: the token's or its cluster's
+        for i in range(1, self.n_clusters + 1):
+            lo, hi = self.bounds[i]
+            tail = torch.log_softmax(self.cluster_logits(hidden, i, weights), dim=-1)  # [N, hi - lo]
+            in_tail = tail.gather(1, (targets - lo).clamp(0, hi - lo - 1)[:, None]).squeeze(1)
+            logprob = logprob + torch.where(cluster == i, in_tail, 0.0)
+        return logprob
 
     def argmax_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Log-probabilities [N, V] (float32) as `forward(hidden)` gives them, except that tail clusters which cannot

@@ -38,6 +38,7 @@ from .adaptive_softmax import TableGradient, table_gradient_for, tied_embedding,
 from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
+from .input_checks import ids_in_range, require
 from .modeling_transformer_xl import (
     PositionwiseFF,
     TransformerXLModelOutput,
@@ -79,9 +80,9 @@ def check_permutation_inputs(config, batch: int, qlen: int, perm_mask, target_ma
         if target_mapping.dim() != 3 or target_mapping.size(0) != batch or target_mapping.size(2) != qlen:
             raise ValueError(f"target_mapping has shape {tuple(target_mapping.shape)}; expected "
                              f"[batch={batch}, num_predict, seq_len={qlen}]")
-        if not bool(((target_mapping == 0) | (target_mapping == 1)).all() and (target_mapping.sum(-1) <= 1).all()):
-            raise ValueError("target_mapping has a row that is not one-hot; expected each row [b, m] to select one "
-                             "position (a 1, zeros elsewhere) or to be all zero (a padded prediction)")
+        require(((target_mapping == 0) | (target_mapping == 1)).all(-1) & (target_mapping.sum(-1) <= 1),
+                "target_mapping has a row that is not one-hot; expected each row [b, m] to select one position (a 1, "
+                "zeros elsewhere) or to be all zero (a padded prediction)")
     if config.bi_data and batch % 2:
         raise ValueError(f"batch size {batch} is odd; bi_data=True expects an even batch (rows [B/2, B) use the "
                          "backward position table)")
@@ -294,8 +295,8 @@ class TransformerXLForPermutationLM(PermutationLMPreTrainedModel):
             for name, x in (("labels", labels), ("target_mask", target_mask)):
                 if x is not None and tuple(x.shape) != expected:
                     raise ValueError(f"{name} has shape {tuple(x.shape)}; expected [batch, num_predict] = {expected}")
-            if bool(((labels < 0) & (labels != -100)).any() or (labels >= self.config.vocab_size).any()):
-                raise ValueError(f"labels has ids outside [0, vocab_size={self.config.vocab_size}) (and not -100)")
+            require(ids_in_range(labels, self.config.vocab_size, ignore_index=-100),
+                    f"labels has ids outside [0, vocab_size={self.config.vocab_size}) (and not -100)")
             loss, losses = permutation_lm_loss(logits, labels, target_mask)
         out = TransformerXLPermutationLMOutput(loss=loss, losses=losses, logits=logits, mems=outputs.mems,
                                                hidden_states=outputs.hidden_states, attentions=outputs.attentions)

@@ -40,6 +40,7 @@ from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout, relu_dropout
 from .inference_cache import ProjectionCache
 from .inference_cache import enabled as cache_enabled
+from .input_checks import extreme_id, ids_in_range, require
 from .layer_norm import LayerNorm
 from .relative_attention import RelativeMultiHeadAttention, causal_mask, relative_positions, sinusoid_table
 from .size_estimate import check_model_fits
@@ -145,18 +146,18 @@ def check_inputs(config, input_ids: torch.Tensor | None, inputs_embeds, mems, dt
         if dtype is not None and inputs_embeds.dtype != dtype:
             raise ValueError(f"inputs_embeds has dtype {inputs_embeds.dtype}; expected the model's dtype {dtype} "
                              "(convert with inputs_embeds.to(model.dtype))")
-    if attention_mask is not None and attention_mask.numel() and not bool(
-            ((attention_mask == 0) | (attention_mask == 1)).all()):
-        values = sorted({float(v) for v in attention_mask.unique()[:6].tolist()})
-        raise ValueError(f"attention_mask holds {values}; expected 1 for real tokens and 0 for padding")
+    if attention_mask is not None and attention_mask.numel():
+        expected = "expected 1 for real tokens and 0 for padding"
+        require((attention_mask == 0) | (attention_mask == 1), f"attention_mask holds other values; {expected}",
+                lambda: f"attention_mask holds {sorted({float(v) for v in attention_mask.unique()[:6].tolist()})}; "
+                        f"{expected}")
     if input_ids is not None:
         if input_ids.dtype not in (torch.long, torch.int):
             raise ValueError(f"input_ids has dtype {input_ids.dtype}; expected integer token ids (torch.long or "
                              "torch.int)")
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= config.vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(f"input_ids contains {bad}; expected token ids in [0, vocab_size={config.vocab_size})")
+        expected = f"expected token ids in [0, vocab_size={config.vocab_size})"
+        require(ids_in_range(input_ids, config.vocab_size), f"input_ids has ids outside the vocabulary; {expected}",
+                lambda: f"input_ids contains {extreme_id(input_ids)}; {expected}")
     if mems is not None:
         if len(mems) != config.n_layer:
             raise ValueError(f"mems has {len(mems)} tensors; expected one per layer (n_layer={config.n_layer})")
@@ -549,8 +550,8 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
                 hidden, targets = hidden[:, :-1], labels[:, 1:]
             targets = targets.reshape(-1)
             valid = targets != -100
-            if bool(((targets < 0) & valid).any() or (targets >= self.config.vocab_size).any()):
-                raise ValueError(f"{name} has ids outside [0, vocab_size={self.config.vocab_size}) (and not -100)")
+            require(ids_in_range(targets, self.config.vocab_size, ignore_index=-100),
+                    f"{name} has ids outside [0, vocab_size={self.config.vocab_size}) (and not -100)")
             losses = self.lm_head(hidden.reshape(-1, hidden.size(-1)), targets, table_gradient).view(batch, -1)
             loss = losses.sum() / valid.sum().clamp(min=1)
         else:

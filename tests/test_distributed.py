@@ -177,13 +177,21 @@ def test_fsdp2_gives_the_ddp_losses(workdir, ddp_runs, fsdp2_clm, objective, che
     assert_same_losses(out, ddp_runs[objective])
 
 
-def test_fsdp2_resume_after_sigkill_is_exact(workdir, fsdp2_clm):
-    out = workdir / "fsdp2_killed"
-    killed = launch(workdir, out, CHECKPOINT, launcher=FSDP2, env_extra={"KILL_AFTER_CHECKPOINT": "1"}, check=False)
+@pytest.mark.parametrize("state_dict_type", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
+def test_fsdp2_resume_after_sigkill_is_exact(workdir, fsdp2_clm, state_dict_type):
+    """Killed right after the checkpoint of step 10, resumed: steps 11-20 equal the uninterrupted run's, from a
+    sharded (DCP folders) or a full (gathered `.bin` files, read back with weights_only) state dict."""
+    launcher = [*FSDP2[:-1], state_dict_type]
+    out = workdir / f"fsdp2_killed_{state_dict_type}"
+    killed = launch(workdir, out, CHECKPOINT, launcher=launcher, env_extra={"KILL_AFTER_CHECKPOINT": "1"}, check=False)
     assert killed.returncode != 0
     assert sorted(losses(out)) == list(range(1, 11))
-    assert (out / "checkpoints" / "step_0000010" / "pytorch_model_fsdp_0").is_dir()  # sharded (DCP) state
-    launch(workdir, out, [*CHECKPOINT, "--resume_from_checkpoint", "latest"], launcher=FSDP2)
+    folder = out / "checkpoints" / "step_0000010"
+    if state_dict_type == "SHARDED_STATE_DICT":
+        assert (folder / "pytorch_model_fsdp_0").is_dir() and (folder / "optimizer_0").is_dir()
+    else:
+        assert (folder / "pytorch_model_fsdp.bin").is_file() and (folder / "optimizer.bin").is_file()
+    launch(workdir, out, [*CHECKPOINT, "--resume_from_checkpoint", "latest"], launcher=launcher)
     assert_same_losses(out, fsdp2_clm)
 
 

@@ -203,9 +203,12 @@ def evaluate_and_log(accelerator, args, model, data, objective, state: RunState,
 def evaluate(accelerator, args, model, data, objective, max_segments):
     """Validation metrics with the evaluation segment/memory lengths, summed over every process's rows.
 
-    The forward goes through the prepared model (under FSDP only the wrapper holds whole parameters); the recurrence
-    settings are switched on the underlying model's config."""
+    The forward goes through the prepared model (under FSDP only the wrapper holds whole parameters), uncompiled
+    under `--dynamo_backend`: evaluation has its own segment and memory lengths, a memory that fills over many
+    segments and no gradients, so compiling it would add a compilation per memory length for a few segments; the
+    recurrence settings are switched on the underlying model's config."""
     config = accelerator.unwrap_model(model).config
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper (`OptimizedModule`) -> the module it runs
     return objective.evaluate(model, config, data, args, accelerator.device, max_segments,
                               reduce=lambda t: accelerator.reduce(t, reduction="sum"))
 
