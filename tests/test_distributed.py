@@ -297,6 +297,58 @@ def test_launcher_fallbacks_are_named():
     assert warn({"ACCELERATE_USE_CPU": "True"}, "single process", 1, "cpu") == []
 
 
+PROBE = textwrap.dedent("""
+    import json, os
+    from accelerate import Accelerator
+    from modeling_xl.training import engines
+    accelerator = Accelerator()
+    found = engines.launcher_fallbacks(os.environ, engines.engine_name(accelerator), accelerator.num_processes,
+                                       accelerator.device.type)
+    print("PROBE " + json.dumps({"rank": accelerator.process_index, "engine": engines.engine_name(accelerator),
+                                 "processes": accelerator.num_processes, "warnings": found}), flush=True)
+""")
+
+
+@pytest.mark.parametrize("launcher, cpu_env, ranks, engine, warnings", [
+    # two processes that each run alone (WORLD_SIZE=2, Accelerate sees 1): named, and refused by refuse_split_world
+    (["--use_fsdp", "--fsdp_version", "2", "--num_processes", "2"], False, [0, 0], "single process",
+     ["the launcher was asked for FSDP", "the launcher set WORLD_SIZE=2 but this run has 1 process(es)"]),
+    (["--use_fsdp", "--fsdp_version", "2", "--num_processes", "2"], True, [0, 1], "DDP",
+     ["the launcher was asked for FSDP"]),
+    (["--cpu", "--num_processes", "2"], False, [0], "single process", ["asked for several processes"]),
+    (["--multi_gpu", "--num_processes", "2"], True, [0, 1], "DDP", []),
+])
+def test_launcher_fallbacks_seen_through_the_real_launcher(tmp_path, launcher, cpu_env, ranks, engine, warnings):
+    """The environment `launcher_fallbacks` reads is the one `accelerate launch` really sets on a CPU-only machine:
+    --use_fsdp runs DDP (or, without ACCELERATE_USE_CPU, two separate single processes), --cpu --num_processes 2 runs
+    one process; each is named. A plain DDP launch warns nothing."""
+    from test_training_runs import free_port
+
+    (tmp_path / "probe.py").write_text(PROBE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env.pop("ACCELERATE_USE_CPU", None)
+    env.pop("WORLD_SIZE", None)
+    if cpu_env:
+        env["ACCELERATE_USE_CPU"] = "1"
+    result = subprocess.run([ACCELERATE, "launch", *launcher, "--num_machines", "1", "--mixed_precision", "no",
+                             "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+                             str(tmp_path / "probe.py")],
+                            env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    probes = [json.loads(line[len("PROBE "):]) for line in result.stdout.splitlines() if line.startswith("PROBE ")]
+    assert sorted(p["rank"] for p in probes) == ranks
+    for probe in probes:
+        assert probe["engine"] == engine and probe["processes"] == (len(ranks) if engine == "DDP" else 1)
+        assert len(probe["warnings"]) == len(warnings), probe["warnings"]
+        for expected, got in zip(warnings, probe["warnings"]):
+            assert expected in got
+        split = SimpleNamespace(num_processes=probe["processes"], distributed_type=None,
+                                device=torch.device("cpu"))
+        if probe["processes"] == 1 and len(ranks) > 1:  # the training loop stops such a launch before any data
+            with pytest.raises(ValueError, match="WORLD_SIZE=2 processes but each one runs alone"):
+                engines.refuse_split_world(split, {"WORLD_SIZE": "2"})
+
+
 def test_process_layouts_that_keep_the_streams_per_chunk_are_accepted():
     saved = {"train_batch_size": 8, "num_processes": 2, "gradient_accumulation_steps": 1}
     check_process_layout(saved, {"train_batch_size": 8, "num_processes": 1, "gradient_accumulation_steps": 2}, "ck")

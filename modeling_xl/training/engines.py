@@ -98,6 +98,19 @@ def refuse_unsupported(accelerator) -> None:
         raise ValueError(DEEPSPEED_REFUSAL)
 
 
+def refuse_split_world(accelerator, env: Mapping[str, str] | None = None) -> None:
+    """ValueError when the launcher started WORLD_SIZE processes but each one runs alone (world size 1 in
+    Accelerate): e.g. `accelerate launch --use_fsdp --num_processes 2` on a CPU-only machine without
+    ACCELERATE_USE_CPU=1. Each process would train on its own and write the same output folder."""
+    env = os.environ if env is None else env
+    world = env.get("WORLD_SIZE")
+    if world is not None and world.isdigit() and int(world) > 1 and accelerator.num_processes == 1:
+        raise ValueError(f"the launcher started WORLD_SIZE={world} processes but each one runs alone (Accelerate sees "
+                         f"1 process, engine {engine_name(accelerator)} on {accelerator.device.type}): they would "
+                         "train separately and write the same output folder; expected one process group, e.g. on a "
+                         f"CPU-only machine `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes {world}`")
+
+
 def check_engine(accelerator, args, model) -> None:
     """Before `accelerator.prepare`: refuse FSDP1 and DeepSpeed, check FSDP2's layer classes and tied weights, and
     replace Accelerate's FSDP2 activation checkpointing by the model's own (which keeps dropout exact)."""

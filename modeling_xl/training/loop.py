@@ -21,7 +21,7 @@ from .arguments import RUN_RECORDS, PretrainArguments, earlier_pretraining_run, 
 from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
                             resolve_checkpoint, save_checkpoint)
 from .data import PretrainData, tokenizer_vocab_size
-from .engines import check_engine, describe_run, final_model, refuse_unsupported
+from .engines import check_engine, describe_run, final_model, refuse_split_world, refuse_unsupported
 from .feedback import PLOT_FILE, Progress, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
 from .objectives import objective_for
@@ -84,6 +84,7 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     check_output_contents(output_dir, args, holds_earlier_run=bool(earlier_pretraining_run(output_dir)))
     accelerator = make_accelerator(args)
     describe_run(accelerator, args)
+    refuse_split_world(accelerator)  # processes that would each train alone on the same folder
     refuse_unsupported(accelerator)  # FSDP1, DeepSpeed: named, before any data or model is built
     check_shared_folder(accelerator, output_dir)  # before a resume looks for its checkpoint there
     global_batch, per_process = processes_split(args, accelerator.num_processes)
