@@ -304,8 +304,9 @@ PROBE = textwrap.dedent("""
     accelerator = Accelerator()
     found = engines.launcher_fallbacks(os.environ, engines.engine_name(accelerator), accelerator.num_processes,
                                        accelerator.device.type)
-    print("PROBE " + json.dumps({"rank": accelerator.process_index, "engine": engines.engine_name(accelerator),
-                                 "processes": accelerator.num_processes, "warnings": found}), flush=True)
+    with open(f"probe-{os.getpid()}.json", "w") as out:  # one file per process: their stdout lines may interleave
+        json.dump({"rank": accelerator.process_index, "engine": engines.engine_name(accelerator),
+                   "processes": accelerator.num_processes, "warnings": found}, out)
 """)
 
 
@@ -335,7 +336,7 @@ def test_launcher_fallbacks_seen_through_the_real_launcher(tmp_path, launcher, c
                              str(tmp_path / "probe.py")],
                             env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    probes = [json.loads(line[len("PROBE "):]) for line in result.stdout.splitlines() if line.startswith("PROBE ")]
+    probes = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("probe-*.json"))]
     assert sorted(p["rank"] for p in probes) == ranks
     for probe in probes:
         assert probe["engine"] == engine and probe["processes"] == (len(ranks) if engine == "DDP" else 1)
