@@ -42,6 +42,12 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "false").strip().lower() in ("1", "true", "yes")
 
 
+def launched_world_size(env: Mapping[str, str]) -> int | None:
+    """The number of processes the launcher started (its WORLD_SIZE), or None when it set none (or no number)."""
+    world = env.get("WORLD_SIZE", "")
+    return int(world) if world.isdigit() else None
+
+
 def launcher_fallbacks(env: Mapping[str, str], engine: str, num_processes: int, device_type: str) -> list[str]:
     """Warnings for what the launcher was asked for (read from the environment it set) but did not start.
 
@@ -55,8 +61,8 @@ def launcher_fallbacks(env: Mapping[str, str], engine: str, num_processes: int, 
         if _flag(env, flag) and not engine.startswith(asked):
             found.append(f"the launcher was asked for {asked} ({option}: {flag}=true) but Accelerate runs {engine} on "
                          f"{device_type}: it selects {asked} only on GPU-like devices, so nothing is sharded")
-    world = env.get("WORLD_SIZE")
-    if world is not None and world.isdigit() and int(world) != num_processes:
+    world = launched_world_size(env)
+    if world is not None and world != num_processes:
         found.append(f"the launcher set WORLD_SIZE={world} but this run has {num_processes} process(es)")
     elif world is None and num_processes == 1 and "ACCELERATE_USE_CPU" in env and "MASTER_PORT" in env:
         # Accelerate's simple launcher sets MASTER_ADDR/PORT only when asked for several processes or machines
@@ -102,9 +108,8 @@ def refuse_split_world(accelerator, env: Mapping[str, str] | None = None) -> Non
     """ValueError when the launcher started WORLD_SIZE processes but each one runs alone (world size 1 in
     Accelerate): e.g. `accelerate launch --use_fsdp --num_processes 2` on a CPU-only machine without
     ACCELERATE_USE_CPU=1. Each process would train on its own and write the same output folder."""
-    env = os.environ if env is None else env
-    world = env.get("WORLD_SIZE")
-    if world is not None and world.isdigit() and int(world) > 1 and accelerator.num_processes == 1:
+    world = launched_world_size(os.environ if env is None else env)
+    if world is not None and world > 1 and accelerator.num_processes == 1:
         raise ValueError(f"the launcher started WORLD_SIZE={world} processes but each one runs alone (Accelerate sees "
                          f"1 process, engine {engine_name(accelerator)} on {accelerator.device.type}): they would "
                          "train separately and write the same output folder; expected one process group, e.g. on a "
