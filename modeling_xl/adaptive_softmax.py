@@ -398,14 +398,30 @@ class AdaptiveLogSoftmax(nn.Module):
     def cluster_logits(self, hidden: torch.Tensor, i: int, weights=None) -> torch.Tensor:
         """Logits of cluster i's tokens (for i == 0 followed by one logit per tail cluster), in float32 (float64 for a
         float64 model).
-        `weights`: `cluster_weights()`, passed in by callers that need several clusters (split once)."""
+        `weights`: `cluster_weights()`, passed in by callers that need several clusters (split once).
+
+        With fewer rows than the hidden width (generation: a few tokens at a time) the product is computed transposed,
+        table @ hidden^T, the table as the left operand: measured on this CPU with the table not in cache (as between
+        decoding steps), an [8,000, 256] table against 2-8 rows took 0.3-0.9 ms that way and 1.3-2.9 ms as
+        hidden @ table^T (`benchmarks/README.md`, Generation). A single row is multiplied as two copies of itself:
+        the one-column product (a matrix-vector kernel) took 1.0-1.6 ms, the two-column one 0.4-0.5 ms. For i == 0 the two products (head, cluster rows) are
+        then joined instead of the two tables ([N, S + C] copied, not [S + C, d]). The logits are returned as a new
+        contiguous tensor (not a view) that callers may overwrite (`gathered_log_softmax(..., consume=True)`)."""
         weight, bias = (weights or self.cluster_weights())[i]
-        if i == 0 and self.n_clusters:
-            weight = torch.cat([weight, self.cluster_weight])
-            bias = torch.cat([bias, self.cluster_bias])
         if len(self.out_projs):
             hidden = hidden @ self.out_projs[i].weight.to(hidden.dtype)
-        return at_least_float32(F.linear(hidden, weight.to(hidden.dtype), bias.to(hidden.dtype)))
+        tables = [(weight, bias)]
+        if i == 0 and self.n_clusters:
+            tables.append((self.cluster_weight, self.cluster_bias))
+        tables = [(w.to(hidden.dtype), b.to(hidden.dtype)) for w, b in tables]
+        if hidden.size(0) < hidden.size(1):
+            columns = hidden.t() if hidden.size(0) != 1 else hidden.t().repeat(1, 2)  # one row: as two, see above
+            by_rows = [torch.addmm(b[:, None], w, columns) for w, b in tables]  # each [rows of the table, N]
+            logits = by_rows[0] if len(by_rows) == 1 else torch.cat(by_rows)
+            return at_least_float32(logits[:, : hidden.size(0)].t().clone(memory_format=torch.contiguous_format))
+        weight, bias = (torch.cat([w for w, _ in tables]), torch.cat([b for _, b in tables])) if len(tables) > 1 else (
+            tables[0])
+        return at_least_float32(F.linear(hidden, weight, bias))
 
     def every_cluster_logits(self, hiddens: list[torch.Tensor],
                              table_gradient: TableGradient | None = None) -> list[torch.Tensor]:
@@ -472,28 +488,41 @@ class AdaptiveLogSoftmax(nn.Module):
         return logprob
 
     def argmax_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities [N, V] (float32) as `forward(hidden)` gives them, except that tail clusters which cannot
-        hold any row's most likely token are -inf: what greedy decoding needs, at a fraction of the cost.
+        """Log-probabilities [N, V] (float32) as `forward(hidden)` gives them, except for tail clusters that cannot
+        hold a row's most likely token: there they are -inf for that row. What greedy decoding needs, at a fraction
+        of the cost.
 
         A tail token's log-probability is log P(cluster) + log P(token | cluster) <= log P(cluster). Clusters are
-        visited in id order; once every row has a token at least as likely as a cluster (ties go to the lower id, as
-        `argmax` does), none of that cluster's tokens can be a row's argmax and its logits are not computed. A
-        trained model's greedy choice is mostly a frequent (shortlist) word, so a step multiplies by the head's
-        `shortlist + n_clusters` rows instead of the whole vocabulary's (33,278 x 256 -> 2,003 x 256 floats read
-        per token at the d_model 256 benchmark shape). Computed entries equal `forward`'s bit for bit (same
-        products on the same rows), so `argmax` picks the same token."""
+        visited in id order; once a row has a token at least as likely as a cluster (ties go to the lower id, as
+        `argmax` does), none of that cluster's tokens can be the row's argmax, and the cluster's logits are computed
+        only for the other rows. A trained model's greedy choice is mostly a frequent (shortlist) word, so a step
+        multiplies by the head's `shortlist + n_clusters` rows instead of the whole vocabulary's (33,278 x 256 ->
+        2,003 x 256 floats read per token at the d_model 256 benchmark shape), and a batch pays for a tail only on
+        the rows that may need it.
+
+        Entries are `forward`'s: the same products, bit for bit where every row computes a cluster; where only some
+        rows do, the tail's product runs over those rows only, which may round differently (float32: about 1e-7
+        relative), so the argmax can differ from `forward`'s only between tokens whose log-probabilities are that
+        close."""
         weights = self.cluster_weights()
         head_logprob = torch.log_softmax(self.cluster_logits(hidden, 0, weights), dim=-1)
         parts = [head_logprob[:, : self.shortlist]]
         best = parts[0].max(dim=-1).values  # [N] the best log-probability found so far in each row
         for i in range(1, self.n_clusters + 1):
             cluster_logprob = head_logprob[:, self.shortlist + i - 1]
-            if bool((cluster_logprob > best).any()):
+            needed = cluster_logprob > best  # rows where this cluster may hold the best token
+            count = int(needed.sum())
+            if count == hidden.size(0):
                 part = cluster_logprob[:, None] + torch.log_softmax(self.cluster_logits(hidden, i, weights), dim=-1)
                 best = torch.maximum(best, part.max(dim=-1).values)
             else:
                 lo, hi = self.bounds[i]
                 part = head_logprob.new_full((hidden.size(0), hi - lo), float("-inf"))
+                if count:
+                    rows = needed.nonzero().squeeze(1)
+                    tail = torch.log_softmax(self.cluster_logits(hidden[rows], i, weights), dim=-1)
+                    part[rows] = cluster_logprob[rows, None] + tail
+                    best = torch.maximum(best, part.max(dim=-1).values)
             parts.append(part)
         return torch.cat(parts, dim=-1)
 

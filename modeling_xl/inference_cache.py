@@ -80,3 +80,67 @@ def enabled() -> bool:
     torch.compile tracing (where they would break the graph)."""
     return (not torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
             and not torch.compiler.is_compiling())
+
+
+class AppendRoom:
+    """Tensors that grow along one dimension, kept in buffers with free room after them, so that appending usually
+    writes only the new entries instead of copying everything (`torch.cat`).
+
+    Generation appends one token per step to every layer's keys and values of the memory: a concatenation copies the
+    whole memory each time (M + 1 entries for 1 new, per layer, twice), an append into room writes 1 and copies the
+    memory only when the room runs out (buffers 1.5 x as long as what they hold: every (M + 1) / 2 steps). The memory cache
+    (`RelativeMultiHeadAttention.project`) holds the rooms; nothing else sees their buffers.
+
+        room = AppendRoom.of((k_mem, v_mem), dim=2)     # copies once, into buffers with room
+        longer = room.append((k_new, v_new))             # writes k_new, v_new after the end (or copies, see below)
+        k, v = longer.views()                            # [.., M + T, ..] views of the buffers
+        kept = longer.tail(m)                            # the last m entries, a room that `append` can extend
+
+    A room writes in place only at the end that was written last (its buffers' `frontier`): a room whose end is
+    behind it (an older room, appended to again) copies into new buffers instead, so that no view handed out before
+    ever changes. Used only without gradients (the buffers are written in place).
+    """
+
+    def __init__(self, buffers: tuple[torch.Tensor, ...], start: int, end: int, dim: int, frontier: list[int]):
+        self.buffers, self.start, self.end, self.dim = buffers, start, end, dim
+        self.frontier = frontier  # shared by every room on these buffers: [the end written last]
+
+    @classmethod
+    def of(cls, tensors, dim: int) -> AppendRoom:
+        """A room holding copies of `tensors`, with space for half as many entries again."""
+        return cls._joined([[x] for x in tensors], dim)
+
+    @classmethod
+    def _joined(cls, pieces: list[list[torch.Tensor]], dim: int) -> AppendRoom:
+        """A room holding each list of `pieces` joined along `dim` (as `torch.cat` would, dtype included), in buffers
+        1.5 x that long."""
+        length = sum(x.size(dim) for x in pieces[0])
+        buffers = []
+        for parts in pieces:
+            shape = list(parts[0].shape)
+            shape[dim] = length + max(length // 2, 1)
+            buffer = parts[0].new_empty(shape, dtype=torch.result_type(*parts) if len(parts) > 1 else parts[0].dtype)
+            offset = 0
+            for x in parts:
+                buffer.narrow(dim, offset, x.size(dim)).copy_(x)
+                offset += x.size(dim)
+            buffers.append(buffer)
+        return cls(tuple(buffers), 0, length, dim, [length])
+
+    def views(self) -> tuple[torch.Tensor, ...]:
+        return tuple(b.narrow(self.dim, self.start, self.end - self.start) for b in self.buffers)
+
+    def tail(self, length: int) -> AppendRoom:
+        return AppendRoom(self.buffers, self.end - length, self.end, self.dim, self.frontier)
+
+    def append(self, tensors) -> AppendRoom:
+        """The room extended by `tensors` (shaped as the buffers except along `dim`): written in place when this room
+        ends at the frontier, the buffers have space and the dtypes match; else copied into new buffers with room."""
+        n = tensors[0].size(self.dim)
+        fits = self.frontier[0] == self.end and self.end + n <= self.buffers[0].size(self.dim)
+        if fits and all(x.dtype == b.dtype for x, b in zip(tensors, self.buffers)):
+            for buffer, x in zip(self.buffers, tensors):
+                buffer.narrow(self.dim, self.end, n).copy_(x)
+            self.frontier[0] = self.end + n
+            return AppendRoom(self.buffers, self.start, self.end + n, self.dim, self.frontier)
+        return AppendRoom._joined([[old, x] for old, x in zip(self.views(), tensors)], self.dim)

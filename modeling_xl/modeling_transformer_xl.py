@@ -424,9 +424,10 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
 
         `use_cache` (default True) applies only without gradients (and outside `torch.inference_mode`): each layer
         keeps the keys and values it computed for the memory it returns, and reuses them when that memory comes back
-        unchanged in the next call, instead of projecting it again (exact; see `inference_cache`, which also says what
-        it cannot see). It holds keys and values of the memory, twice the memory's size; `use_cache=False` drops
-        them and recomputes, and so does every forward with gradients.
+        unchanged in the next call, instead of projecting it again (equal up to float rounding; see `inference_cache`,
+        which also says what it cannot see). It holds keys and values of the memory in buffers with room to append
+        the next segment's (`inference_cache.AppendRoom`): up to 3 (M + T) / M times the memory's size;
+        `use_cache=False` drops them and recomputes, and so does every forward with gradients.
 
         `table_gradient` (internal, from `TransformerXLForCausalLM`): defers the tied softmax's share of the input
         table's gradient to the embedding lookup (`adaptive_softmax.TableGradient`)."""

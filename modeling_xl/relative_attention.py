@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dropout import Dropout, dropout
-from .fused_attention import fused_relative_attention
-from .inference_cache import ProjectionCache
+from .fused_attention import fused_relative_attention, position_product
+from .inference_cache import AppendRoom, ProjectionCache
 from .layer_norm import LayerNorm
 from .precision import at_least_float32
 
@@ -147,8 +147,10 @@ def sdpa_attention(query, key, value, score_bias, mask, dropout_p: float = 0.0) 
 
 
 def sdpa_relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_p: float = 0.0):
-    """`relative_attention` with the softmax and value product by SDPA (arguments as there; returns (out, None))."""
-    bd = rel_shift(torch.matmul(q + v[:, None], r.transpose(-1, -2)), key.size(2), shift)
+    """`relative_attention` with the softmax and value product by SDPA (arguments as there; returns (out, None)).
+    The position product is `position_product`'s, one product per head: the reference's broadcast `matmul` copies
+    r once per batch row ([B, H, D, R], the largest copy of a generation step)."""
+    bd = rel_shift(position_product(q + v[:, None], r), key.size(2), shift)
     return sdpa_attention(q + u[:, None], key, value, bd, mask, dropout_p), None
 
 
@@ -212,11 +214,12 @@ class RelativeMultiHeadAttention(nn.Module):
 
     def project(self, h: torch.Tensor, mem: torch.Tensor | None, use_cache: bool = False,
                 queries: bool = True) -> tuple[torch.Tensor | None, ...]:
-        """Queries from `h` [B, T, d]; keys and values from `[mem; h]` [B, M+T, d]. Each [B, H, *, D]; keys and values
-        contiguous in that layout (the attention products would otherwise copy them, each time). With `use_cache`
-        (set by the backbone only where `inference_cache.enabled()`) the memory's keys and values may come from the
-        cache, and those of `[mem; h]` stay pending until `keep_memory_projection`. `queries=False`: keys and values
-        only (the queries come back as None and are not computed)."""
+        """Queries from `h` [B, T, d]; keys and values from `[mem; h]` [B, M+T, d]. Each [B, H, *, D]; for keys and
+        values the (B, H) dimensions merge into one (contiguous, or views of an `AppendRoom`'s buffers), so that the
+        attention products read them without copying. With `use_cache` (set by the backbone only where
+        `inference_cache.enabled()`) the memory's keys and values may come from the cache, the new ones are appended
+        to them in place where possible, and the whole stays pending until `keep_memory_projection`.
+        `queries=False`: keys and values only (the queries come back as None and are not computed)."""
         inner = self.n_head * self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
         if queries:
@@ -224,17 +227,26 @@ class RelativeMultiHeadAttention(nn.Module):
         else:
             q, (k, v) = None, F.linear(x, self.qkv_net.weight[inner:]).split(inner, dim=-1)
         k, v = self.split_heads(k), self.split_heads(v)
-        if mem is not None and mem.size(1) > 0:
-            cached = self.memory_cache.get(mem, self._memory_weights()) if use_cache else None
-            if cached is None:
-                mem = self.layer_norm(mem) if self.pre_lnorm else mem
-                cached = [self.split_heads(x) for x in F.linear(mem, self.qkv_net.weight[inner:]).split(inner, -1)]
-            k, v = torch.cat([cached[0], k], dim=2), torch.cat([cached[1], v], dim=2)
+        has_mem = mem is not None and mem.size(1) > 0
+        if use_cache:
+            room = self.memory_cache.get(mem, self._memory_weights()) if has_mem else None
+            if room is None and has_mem:
+                room = AppendRoom.of(self.memory_keys_values(mem), dim=2)
+            room = AppendRoom.of((k, v), dim=2) if room is None else room.append((k, v))
+            self.memory_cache.pending = room
+            k, v = room.views()
+        elif has_mem:
+            mem_k, mem_v = self.memory_keys_values(mem)
+            k, v = torch.cat([mem_k, k], dim=2), torch.cat([mem_v, v], dim=2)
         else:
             k, v = k.contiguous(), v.contiguous()
-        if use_cache:
-            self.memory_cache.pending = (k, v)
         return (None if q is None else self.split_heads(q)), k, v
+
+    def memory_keys_values(self, mem: torch.Tensor) -> list[torch.Tensor]:
+        """Keys and values [B, H, M, D] of the memory [B, M, d] (views of one product)."""
+        inner = self.n_head * self.d_head
+        mem = self.layer_norm(mem) if self.pre_lnorm else mem
+        return [self.split_heads(x) for x in F.linear(mem, self.qkv_net.weight[inner:]).split(inner, -1)]
 
     def _memory_weights(self) -> tuple[torch.Tensor, ...]:
         return (self.qkv_net.weight, self.layer_norm.weight, self.layer_norm.bias) if self.pre_lnorm else (
@@ -247,8 +259,7 @@ class RelativeMultiHeadAttention(nn.Module):
         pending, self.memory_cache.pending = self.memory_cache.pending, None
         if pending is None or new_mem is None:
             return
-        m = new_mem.size(1)
-        self.memory_cache.put(new_mem, (pending[0][:, :, -m:], pending[1][:, :, -m:]), self._memory_weights())
+        self.memory_cache.put(new_mem, pending.tail(new_mem.size(1)), self._memory_weights())
 
     def project_positions(self, pos_emb: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         """W_R R: [K, d] -> [H, K, D]; with `use_cache`, reused while the backbone hands over the same table."""

@@ -321,9 +321,9 @@ def test_tied_table_gradient_under_fsdp2(tmp_path, head):
 @pytest.mark.parametrize("div_val", [1, 2])
 @pytest.mark.parametrize("cluster_bias", [-6.0, 0.0, 6.0])
 def test_argmax_log_probs_equal_forward_where_computed_and_keep_the_argmax(div_val, cluster_bias):
-    """Greedy log-probs: every entry is forward's bit for bit or -inf, the argmax is forward's, and a cluster is
-    skipped only when its probability is at most each row's best token (unlikely tails are skipped, likely ones
-    computed)."""
+    """Greedy log-probs: every entry is forward's (bit for bit where a cluster is computed for every row, to float32
+    rounding where for some rows only) or -inf, the argmax is forward's, and a cluster is skipped for a row only when
+    its probability is at most the row's best token (unlikely tails are skipped, likely ones computed)."""
     cfg, _, crit = make(div_val=div_val)
     with torch.no_grad():
         crit.cluster_bias.fill_(cluster_bias)
@@ -331,15 +331,44 @@ def test_argmax_log_probs_equal_forward_where_computed_and_keep_the_argmax(div_v
     with torch.no_grad():
         full, fast = crit(h), crit.argmax_log_probs(h)
     computed = torch.isfinite(fast)
-    assert torch.equal(fast[computed], full[computed])
+    torch.testing.assert_close(fast[computed], full[computed], rtol=1e-6, atol=1e-6)
     assert torch.equal(fast.argmax(-1), full.argmax(-1))
     assert not torch.isnan(fast).any() and computed[:, : crit.shortlist].all()
     best = full.max(-1).values
     for lo, hi in crit.bounds[1:]:
-        assert computed[:, lo:hi].all() or not computed[:, lo:hi].any()  # a cluster is skipped for every row or none
-        if not computed[:, lo:hi].any():
-            assert (full[:, lo:hi].logsumexp(-1) <= best + 1e-5).all()  # P(cluster) <= each row's best token
+        assert torch.equal(computed[:, lo:hi].all(-1), computed[:, lo:hi].any(-1))  # a row computes a whole cluster
+        if computed[:, lo:hi].all():
+            assert torch.equal(fast[:, lo:hi], full[:, lo:hi])  # every row: forward's own product
+        skipped = ~computed[:, lo]
+        assert (full[skipped, lo:hi].logsumexp(-1) <= best[skipped] + 1e-5).all()  # P(cluster) <= the row's best
     if cluster_bias < 0:
         assert not computed[:, crit.shortlist:].any()  # every tail skipped
     if cluster_bias > 0:
-        assert computed.all()
+        assert computed[:, : crit.bounds[1][1]].all()  # every row: the first tail (far likelier than any shortlist word)
+
+
+def test_argmax_log_probs_compute_a_tail_only_for_the_rows_that_may_need_it():
+    """Rows sure of a shortlist word skip a tail that other rows of the batch compute: each row's entries are those
+    of the row alone, and only the rows that need the tail multiply by its table."""
+    torch.manual_seed(0)
+    cfg, _, crit = make(div_val=1)
+    h = torch.randn(6, 16)
+    with torch.no_grad():
+        crit.cluster_bias.fill_(5.0)  # rows 0-2 (random): the tail clusters are likely ...
+        h[3:] = crit.out_layers[0].weight[5] * 40  # ... rows 3-5 point at shortlist word 5, far above any cluster
+        rows_seen = []
+        original = crit.cluster_logits
+        crit.cluster_logits = lambda x, i, weights=None: rows_seen.append((i, x.size(0))) or original(x, i, weights)
+        fast = crit.argmax_log_probs(h)
+        del crit.cluster_logits
+        full = crit(h)
+    computed = torch.isfinite(fast)
+    tails = [(i, n) for i, n in rows_seen if i > 0]
+    assert tails and all(n < 6 for _, n in tails), rows_seen  # some rows computed a tail, never all six
+    assert not computed[3:, crit.shortlist:].any() and (fast[3:].argmax(-1) == 5).all()
+    assert computed[:3, crit.shortlist: crit.bounds[1][1]].all()
+    torch.testing.assert_close(fast[computed], full[computed], rtol=1e-6, atol=1e-6)
+    assert torch.equal(fast.argmax(-1), full.argmax(-1))
+    for row in range(6):  # each row as if alone
+        alone = crit.argmax_log_probs(h[row:row + 1])[0]
+        assert torch.equal(torch.isfinite(alone), computed[row])

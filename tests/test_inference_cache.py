@@ -220,3 +220,58 @@ def test_use_cache_false_reuses_nothing():
             mems = model(input_ids=ids[:, start:start + 8], mems=mems, use_cache=False).mems
     assert hits(model) == (0, 0)
     assert model.transformer._position_table is None
+
+
+def test_append_room_writes_in_place_only_at_its_frontier():
+    """`AppendRoom`: appending at the end written last writes into the same buffers; appending to an older room (its
+    end behind the frontier) or past the capacity copies; no view handed out earlier ever changes."""
+    from modeling_xl.inference_cache import AppendRoom
+
+    a, b = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
+    room = AppendRoom.of((a, b), dim=2)
+    assert torch.equal(room.views()[0], a) and torch.equal(room.views()[1], b)
+    one = torch.randn(2, 3, 1, 5), torch.randn(2, 3, 1, 5)
+    longer = room.append(one)
+    assert longer.buffers[0] is room.buffers[0]  # in place
+    assert torch.equal(longer.views()[0], torch.cat([a, one[0]], dim=2))
+    kept = longer.tail(4)
+    snapshot = [v.clone() for v in kept.views()]
+    other = torch.randn(2, 3, 1, 5), torch.randn(2, 3, 1, 5)
+    branch = room.append(other)  # `room` ends behind the frontier: a copy, `longer` keeps its entries
+    assert branch.buffers[0] is not room.buffers[0]
+    assert torch.equal(branch.views()[1], torch.cat([b, other[1]], dim=2))
+    assert torch.equal(longer.views()[0], torch.cat([a, one[0]], dim=2))
+    grown, buffers = kept, set()
+    for step in range(9):  # past the capacity (6 entries, then 7): copied into new buffers, the old views intact
+        new = torch.full((2, 3, 1, 5), float(step)), torch.full((2, 3, 1, 5), -float(step))
+        grown = grown.append(new)
+        buffers.add(id(grown.buffers[0]))
+        assert torch.equal(grown.views()[0][:, :, -1:], new[0]) and grown.views()[0].size(2) == 5
+        grown = grown.tail(4)
+    assert all(torch.equal(v, s) for v, s in zip(kept.views(), snapshot))
+    assert 2 <= len(buffers) <= 5  # appends mostly in place: a copy every 2-3 steps at most, not at every step
+    half = room.append((one[0].double(), one[1].double()))  # another dtype: joined as torch.cat would
+    assert half.buffers[0].dtype == torch.float64 and torch.equal(half.views()[0][:, :, :4], a.double())
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_generation_with_appended_keys_values_equals_recomputing_them(attn):
+    """One token at a time past the memory's length (the rooms fill, are copied and fill again), and a memory
+    continued twice (the second continuation cannot append where the first one wrote): every output equals the one
+    computed with the memory handed back as a copy (no cache), to the last bit of float32 rounding: the reused keys
+    were projected one row at a time, the recomputed ones in one product over the memory's rows, and the product's
+    rounding may depend on its row count (a bit or two of a few entries here)."""
+    model = make_model(same_length=False, mem_len=5)
+    model.set_attn_implementation(attn)
+    ids = torch.randint(0, 97, (3, 30))
+    for reused, recomputed in zip(read(model, ids, seg_len=1), read(model, ids, seg_len=1, copy_mems=True),
+                                  strict=True):
+        torch.testing.assert_close(reused, recomputed, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        start = model(input_ids=ids[:, :6]).mems
+        first = model(input_ids=ids[:, 6:7], mems=start)
+        second = model(input_ids=ids[:, 7:8], mems=start)  # the same memory again, another token
+        again = model(input_ids=ids[:, 7:8], mems=tuple(m.clone() for m in start))
+        after_first = model(input_ids=ids[:, 8:9], mems=first.mems)
+        after_first_copy = model(input_ids=ids[:, 8:9], mems=tuple(m.clone() for m in first.mems))
+    assert_identical([second.logits, after_first.logits], [again.logits, after_first_copy.logits])
