@@ -695,3 +695,14 @@ def test_train_loop_resumed_anywhere_reads_the_uninterrupted_batches(num_process
         torch.set_rng_state(torch_state)  # ... and Accelerate's load_state restores the torch RNG
         train_loop(resumed, args, resumed, resumed, resumed, dl, 14, at, rng, 0.0, resumed, None, lambda *a: None)
         assert resumed.seen == whole.seen[at:], at
+
+
+def test_a_launch_whose_processes_each_run_alone_is_refused_before_anything_is_written(tmp_path, lm_checkpoint,
+                                                                                         monkeypatch):
+    """The launcher set WORLD_SIZE=2 but this process runs alone (as `accelerate launch --use_fsdp` on a CPU-only
+    machine without ACCELERATE_USE_CPU): two such processes would fine-tune separately into one folder."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    with pytest.raises(ValueError, match="WORLD_SIZE=2 processes but each one runs alone"):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint))
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -19,6 +19,7 @@ from tokenization import check_vocab_matches
 
 from ..runs import StepLog, check_output_dir, clear_run_records, end_run
 from ..training.checkpointing import read_training_state
+from ..training.engines import refuse_split_world
 from .arguments import RESULTS_FILE, FinetuneArguments, validate
 from .card import save_model, save_records
 from .checkpoints import (check_compatible, checkpoint_rng, earlier_run, read_checkpoint_rng, resolve_checkpoint,
@@ -85,6 +86,7 @@ def run_finetuning(args: FinetuneArguments) -> dict:
         check_inputs_survive(args, [output_dir / name for name in earlier_run(output_dir, RESULTS_FILE)])
     resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint) if resuming else None
     accelerator = Accelerator()
+    refuse_split_world(accelerator)  # processes that would each fine-tune alone and write the same folder
     set_seed(args.seed)
     raw = load_raw_datasets(args)
     if args.max_train_samples is not None:
