@@ -401,12 +401,13 @@ class AdaptiveLogSoftmax(nn.Module):
         `weights`: `cluster_weights()`, passed in by callers that need several clusters (split once).
 
         With fewer rows than the hidden width (generation: a few tokens at a time) the product is computed transposed,
-        table @ hidden^T, the table as the left operand: measured on this CPU with the table not in cache (as between
-        decoding steps), an [8,000, 256] table against 2-8 rows took 0.3-0.9 ms that way and 1.3-2.9 ms as
-        hidden @ table^T (`benchmarks/README.md`, Generation). A single row is multiplied as two copies of itself:
-        the one-column product (a matrix-vector kernel) took 1.0-1.6 ms, the two-column one 0.4-0.5 ms. For i == 0 the two products (head, cluster rows) are
-        then joined instead of the two tables ([N, S + C] copied, not [S + C, d]). The logits are returned as a new
-        contiguous tensor (not a view) that callers may overwrite (`gathered_log_softmax(..., consume=True)`)."""
+        table @ hidden^T, the table as the left operand, and a single row as two copies of itself. With the table out
+        of cache (as between decoding steps), an [8,000, 256] table against 2-8 rows took 0.5-1.0 ms that way and
+        1.6-3.8 ms as hidden @ table^T, against one row 0.5 ms instead of 1.1 (`benchmarks/bench_softmax_products.py`).
+        For i == 0 the two products (head, cluster rows) are then joined instead of the two tables ([N, S + C] copied,
+        not [S + C, d]). Callers may overwrite the returned logits (`gathered_log_softmax(..., consume=True)`): they
+        are a fresh product (with gradients, a contiguous copy of it: autograd refuses such writes into a view).
+        """
         weight, bias = (weights or self.cluster_weights())[i]
         if len(self.out_projs):
             hidden = hidden @ self.out_projs[i].weight.to(hidden.dtype)
@@ -415,10 +416,13 @@ class AdaptiveLogSoftmax(nn.Module):
             tables.append((self.cluster_weight, self.cluster_bias))
         tables = [(w.to(hidden.dtype), b.to(hidden.dtype)) for w, b in tables]
         if hidden.size(0) < hidden.size(1):
-            columns = hidden.t() if hidden.size(0) != 1 else hidden.t().repeat(1, 2)  # one row: as two, see above
+            columns = (hidden if hidden.size(0) != 1 else hidden.repeat(2, 1)).t()  # one row: as two, see above
             by_rows = [torch.addmm(b[:, None], w, columns) for w, b in tables]  # each [rows of the table, N]
             logits = by_rows[0] if len(by_rows) == 1 else torch.cat(by_rows)
-            return at_least_float32(logits[:, : hidden.size(0)].t().clone(memory_format=torch.contiguous_format))
+            logits = logits[:, : hidden.size(0)].t()  # [N, rows], a transposed view
+            # autograd refuses in-place writes into a view by a node with several outputs: a fresh tensor then
+            return at_least_float32(logits.clone(memory_format=torch.contiguous_format) if torch.is_grad_enabled()
+                                    else logits)
         weight, bias = (torch.cat([w for w, _ in tables]), torch.cat([b for _, b in tables])) if len(tables) > 1 else (
             tables[0])
         return at_least_float32(F.linear(hidden, weight, bias))
