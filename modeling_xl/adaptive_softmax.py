@@ -402,7 +402,7 @@ class AdaptiveLogSoftmax(nn.Module):
 
         With fewer rows than the hidden width (generation: a few tokens at a time) the product is computed transposed,
         table @ hidden^T, the table as the left operand, and a single row as two copies of itself. With the table out
-        of cache (as between decoding steps), an [8,000, 256] table against 2-8 rows took 0.5-1.0 ms that way and
+        of cache (as between decoding steps), an [8,000, 256] table against 2-8 rows took 0.5-1.1 ms that way and
         1.6-3.8 ms as hidden @ table^T, against one row 0.5 ms instead of 1.1 (`benchmarks/bench_softmax_products.py`).
         For i == 0 the two products (head, cluster rows) are then joined instead of the two tables ([N, S + C] copied,
         not [S + C, d]). Callers may overwrite the returned logits (`gathered_log_softmax(..., consume=True)`): they

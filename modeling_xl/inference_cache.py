@@ -92,6 +92,7 @@ class AppendRoom:
     (`RelativeMultiHeadAttention.project`) holds the rooms; nothing else sees their buffers.
 
         room = AppendRoom.of((k_mem, v_mem), dim=2)     # copies once, into buffers with room
+        room = AppendRoom.joined([[k_mem, k], [v_mem, v]], dim=2)   # or: [k_mem; k] and [v_mem; v], as torch.cat
         longer = room.append((k_new, v_new))             # writes k_new, v_new after the end (or copies, see below)
         k, v = longer.views()                            # [.., M + T, ..] views of the buffers
         kept = longer.tail(m)                            # the last m entries, a room that `append` can extend
@@ -108,10 +109,10 @@ class AppendRoom:
     @classmethod
     def of(cls, tensors, dim: int) -> AppendRoom:
         """A room holding copies of `tensors`, with space for half as many entries again."""
-        return cls._joined([[x] for x in tensors], dim)
+        return cls.joined([[x] for x in tensors], dim)
 
     @classmethod
-    def _joined(cls, pieces: list[list[torch.Tensor]], dim: int) -> AppendRoom:
+    def joined(cls, pieces: list[list[torch.Tensor]], dim: int) -> AppendRoom:
         """A room holding each list of `pieces` joined along `dim` (as `torch.cat` would, dtype included), in buffers
         1.5 x that long."""
         length = sum(x.size(dim) for x in pieces[0])
@@ -143,4 +144,4 @@ class AppendRoom:
                 buffer.narrow(self.dim, self.end, n).copy_(x)
             self.frontier[0] = self.end + n
             return AppendRoom(self.buffers, self.start, self.end + n, self.dim, self.frontier)
-        return AppendRoom._joined([[old, x] for old, x in zip(self.views(), tensors)], self.dim)
+        return AppendRoom.joined([[old, x] for old, x in zip(self.views(), tensors)], self.dim)

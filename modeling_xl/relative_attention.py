@@ -230,9 +230,11 @@ class RelativeMultiHeadAttention(nn.Module):
         has_mem = mem is not None and mem.size(1) > 0
         if use_cache:
             room = self.memory_cache.get(mem, self._memory_weights()) if has_mem else None
-            if room is None and has_mem:
-                room = AppendRoom.of(self.memory_keys_values(mem), dim=2)
-            room = AppendRoom.of((k, v), dim=2) if room is None else room.append((k, v))
+            if room is not None:
+                room = room.append((k, v))
+            else:
+                pieces = zip(self.memory_keys_values(mem), (k, v)) if has_mem else ([k], [v])
+                room = AppendRoom.joined([list(p) for p in pieces], dim=2)
             self.memory_cache.pending = room
             k, v = room.views()
         elif has_mem:
