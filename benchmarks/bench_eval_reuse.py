@@ -16,8 +16,9 @@ layers, d_model 410, 10 heads x 41, d_inner 2,100, 267,735-word adaptive softmax
 printed beside the paper's GPU column (363x, 773x, 1,409x, 1,874x; Dai et al. 2019, Table 9). Vanilla is timed on a
 sample of `--vanilla-positions` targets per round (one forward each, its cost is the same at every position);
 state reuse on a whole stream: every segment of `--segments` consecutive segments after the memory is full, timed
-together. Random weights (speed does not depend on them); WikiText-2 word ids (all below 33,278, so the tail
-clusters hold no target: their logits are not computed by either side, as in any evaluation).
+together. Random weights (speed does not depend on them); WikiText-2 word ids (`common.word_level_ids`, all below
+33,278: of the wt103-base tails only the first, 20k-40k, holds targets; the others' logits are not computed by
+either side, as in any evaluation).
 
     python benchmarks/bench_eval_reuse.py
     python benchmarks/bench_eval_reuse.py --table9 --rounds 1 --segments 4 --vanilla-positions 2
