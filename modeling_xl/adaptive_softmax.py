@@ -285,6 +285,20 @@ class SharedTableLogits(torch.autograd.Function):
         return grad_weight, grad_bias, grad_cluster_weight, grad_cluster_bias, None, None, *grad_hiddens
 
 
+def few_row_logits(hidden: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """`F.linear(hidden, cat(weights), cat(biases))` for few rows ([N, d], N < d): each table's product computed
+    transposed, table @ hidden^T with the table as the left operand, and a single row as two copies of itself. With
+    the table out of cache (as between decoding steps), an [8,000, 256] table against 2-8 rows took 0.5-1.1 ms that
+    way and 1.6-3.8 ms as hidden @ table^T, against one row 0.5 ms instead of 1.1 (the one-column product is a
+    matrix-vector kernel; `benchmarks/bench_softmax_products.py`). Returns [N, rows of all tables]: a transposed view
+    without gradients, a contiguous tensor with them."""
+    columns = (hidden if hidden.size(0) != 1 else hidden.repeat(2, 1)).t()  # one row: as two, see above
+    by_rows = [torch.addmm(bias[:, None], weight, columns) for weight, bias in tables]  # each [rows of the table, N]
+    logits = (by_rows[0] if len(by_rows) == 1 else torch.cat(by_rows))[:, : hidden.size(0)].t()
+    # autograd refuses in-place writes into a view by a node with several outputs: a fresh tensor then
+    return logits.clone(memory_format=torch.contiguous_format) if torch.is_grad_enabled() else logits
+
+
 def needs_projections(config) -> bool:
     """Legacy rule: projections exist unless there is a single table as wide as the model."""
     return config.div_val > 1 or config.d_embed != config.d_model
@@ -400,13 +414,11 @@ class AdaptiveLogSoftmax(nn.Module):
         float64 model).
         `weights`: `cluster_weights()`, passed in by callers that need several clusters (split once).
 
-        With fewer rows than the hidden width (generation: a few tokens at a time) the product is computed transposed,
-        table @ hidden^T, the table as the left operand, and a single row as two copies of itself. With the table out
-        of cache (as between decoding steps), an [8,000, 256] table against 2-8 rows took 0.5-1.1 ms that way and
-        1.6-3.8 ms as hidden @ table^T, against one row 0.5 ms instead of 1.1 (`benchmarks/bench_softmax_products.py`).
-        For i == 0 the two products (head, cluster rows) are then joined instead of the two tables ([N, S + C] copied,
-        not [S + C, d]). Callers may overwrite the returned logits (`gathered_log_softmax(..., consume=True)`): they
-        are a fresh product (with gradients, a contiguous copy of it: autograd refuses such writes into a view).
+        With fewer rows than the hidden width (generation: a few tokens at a time) the products are
+        `few_row_logits`'; for i == 0 the two products (head, cluster rows) are then joined instead of the two tables
+        ([N, S + C] copied, not [S + C, d]). Callers may overwrite the returned logits
+        (`gathered_log_softmax(..., consume=True)`): they are a fresh product (with gradients, a contiguous copy of
+        it: autograd refuses such writes into a view).
         """
         weight, bias = (weights or self.cluster_weights())[i]
         if len(self.out_projs):
@@ -416,13 +428,7 @@ class AdaptiveLogSoftmax(nn.Module):
             tables.append((self.cluster_weight, self.cluster_bias))
         tables = [(w.to(hidden.dtype), b.to(hidden.dtype)) for w, b in tables]
         if hidden.size(0) < hidden.size(1):
-            columns = (hidden if hidden.size(0) != 1 else hidden.repeat(2, 1)).t()  # one row: as two, see above
-            by_rows = [torch.addmm(b[:, None], w, columns) for w, b in tables]  # each [rows of the table, N]
-            logits = by_rows[0] if len(by_rows) == 1 else torch.cat(by_rows)
-            logits = logits[:, : hidden.size(0)].t()  # [N, rows], a transposed view
-            # autograd refuses in-place writes into a view by a node with several outputs: a fresh tensor then
-            return at_least_float32(logits.clone(memory_format=torch.contiguous_format) if torch.is_grad_enabled()
-                                    else logits)
+            return at_least_float32(few_row_logits(hidden, tables))
         weight, bias = (torch.cat([w for w, _ in tables]), torch.cat([b for _, b in tables])) if len(tables) > 1 else (
             tables[0])
         return at_least_float32(F.linear(hidden, weight, bias))
@@ -516,9 +522,8 @@ class AdaptiveLogSoftmax(nn.Module):
             cluster_logprob = head_logprob[:, self.shortlist + i - 1]
             needed = cluster_logprob > best  # rows where this cluster may hold the best token
             count = int(needed.sum())
-            if count == hidden.size(0):
+            if count == hidden.size(0):  # every row: forward's own product
                 part = cluster_logprob[:, None] + torch.log_softmax(self.cluster_logits(hidden, i, weights), dim=-1)
-                best = torch.maximum(best, part.max(dim=-1).values)
             else:
                 lo, hi = self.bounds[i]
                 part = head_logprob.new_full((hidden.size(0), hi - lo), float("-inf"))
@@ -526,7 +531,8 @@ class AdaptiveLogSoftmax(nn.Module):
                     rows = needed.nonzero().squeeze(1)
                     tail = torch.log_softmax(self.cluster_logits(hidden[rows], i, weights), dim=-1)
                     part[rows] = cluster_logprob[rows, None] + tail
-                    best = torch.maximum(best, part.max(dim=-1).values)
+            if count:
+                best = torch.maximum(best, part.max(dim=-1).values)
             parts.append(part)
         return torch.cat(parts, dim=-1)
 

@@ -88,8 +88,8 @@ class AppendRoom:
 
     Generation appends one token per step to every layer's keys and values of the memory: a concatenation copies the
     whole memory each time (M + 1 entries for 1 new, per layer, twice), an append into room writes 1 and copies the
-    memory only when the room runs out (buffers 1.5 x as long as what they hold: every (M + 1) / 2 steps). The memory cache
-    (`RelativeMultiHeadAttention.project`) holds the rooms; nothing else sees their buffers.
+    memory only when the room runs out (buffers 1.5 x as long as what they hold: every (M + 1) / 2 steps). The memory
+    cache (`RelativeMultiHeadAttention.project`) holds the rooms; nothing else sees their buffers.
 
         room = AppendRoom.of((k_mem, v_mem), dim=2)     # copies once, into buffers with room
         room = AppendRoom.joined([[k_mem, k], [v_mem, v]], dim=2)   # or: [k_mem; k] and [v_mem; v], as torch.cat
@@ -121,10 +121,7 @@ class AppendRoom:
             shape = list(parts[0].shape)
             shape[dim] = length + max(length // 2, 1)
             buffer = parts[0].new_empty(shape, dtype=torch.result_type(*parts) if len(parts) > 1 else parts[0].dtype)
-            offset = 0
-            for x in parts:
-                buffer.narrow(dim, offset, x.size(dim)).copy_(x)
-                offset += x.size(dim)
+            torch.cat(parts, dim=dim, out=buffer.narrow(dim, 0, length))
             buffers.append(buffer)
         return cls(tuple(buffers), 0, length, dim, [length])
 
