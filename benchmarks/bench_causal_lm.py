@@ -2,9 +2,10 @@
 
 Same config, same weights (the legacy model is created in its own venv with a seed and saved; ours loads that folder
 through `from_pretrained`, which converts it), same WikiText-2 batches (word level, contiguous streams, memory carried),
-float32, 2 threads, the same optimizer on both sides (`--optimizer`, default torch's fused Adam). Every measurement runs
-in a fresh process; ours and legacy alternate `--repeats` times and the medians are compared, so both sides of a ratio
-come from the same run of this script.
+float32, 2 threads (`--threads`), the same optimizer and host allocator on both sides (`--optimizer`, default torch's
+fused Adam; `--allocator`, default glibc keeping freed memory, as our training scripts set it on the CPU). Every
+measurement runs in a fresh process; ours and legacy alternate `--repeats` times and the medians are compared, so both
+sides of a ratio come from the same run of this script.
 
 The matmul floor: each worker counts the matrix-product FLOPs of one training step (FlopCounterMode) and measures the
 float32 torch.mm rate (2048^2, 2 threads) right after its timed steps; FLOPs / rate is the time a step would take if
@@ -37,6 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
+    ALLOCATOR_HELP,
+    ALLOCATORS,
     OUR_PYTHON,
     print_table,
     run_worker,
@@ -102,7 +105,7 @@ MODES = {  # row label -> worker options; "ours" holds options for our side only
 
 
 def measure(name: str, spec: dict, legacy_python: str, repeats: int, workdir: Path, modes=("train", "eval"),
-            optimizer: str = "adam-fused") -> dict:
+            optimizer: str = "adam-fused", allocator: str = "keep", threads: int = 2) -> dict:
     model_dir = workdir / f"{name}-legacy"
     created = run_worker(legacy_python, WORKER, dict(impl="legacy", mode="create", seed=1234, model_dir=str(model_dir),
                                                      config=legacy_config(spec["model"])))
@@ -123,7 +126,8 @@ def measure(name: str, spec: dict, legacy_python: str, repeats: int, workdir: Pa
                 shared = {key: value for key, value in options.items() if key != "ours"}
                 own = options.get("ours", {}) if impl == "ours" else {}
                 worker_args = dict(shared, **own, impl=impl, model_dir=str(model_dir), data_path=str(data_path),
-                                   warmup=2, steps=steps, optimizer=optimizer)
+                                   warmup=2, steps=steps, optimizer=optimizer, allocator=allocator,
+                                   threads=threads)
                 try:
                     runs[impl].append(run_worker(python, WORKER, worker_args))
                 except RuntimeError as error:
@@ -166,6 +170,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per side and measurement")
     parser.add_argument("--optimizer", default="adam-fused", choices=["adam", "adam-fused"],
                         help="the same on both sides: torch.optim.Adam, default or fused=True")
+    parser.add_argument("--allocator", default="keep", choices=ALLOCATORS, help=ALLOCATOR_HELP)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of every measured process (both sides)")
     parser.add_argument("--bf16", action="store_true", help="also time training under bfloat16 autocast")
     parser.add_argument("--checkpointing", action="store_true",
                         help="also time our training with activation checkpointing against legacy plain training")
@@ -178,7 +184,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.presets:
             results[name] = measure(name, BENCH_PRESETS[name], legacy_python, args.repeats, Path(tmp), modes,
-                                    args.optimizer)
+                                    args.optimizer, args.allocator, args.threads)
     rows = []
     for name, res in results.items():
         for mode in modes:
@@ -213,7 +219,8 @@ def main(argv=None) -> dict:
                      ours["step_s_median"] / ours["replayed_matmul_s"],
                      legacy["step_s_median"] / legacy["replayed_matmul_s"], ""])
     table = print_table(["preset", "metric", "ours", "legacy 4.35", "ours / legacy"], rows)
-    write_json(args.output, {"results": results, "table": table, "repeats": args.repeats, "optimizer": args.optimizer})
+    write_json(args.output, {"results": results, "table": table, "repeats": args.repeats, "optimizer": args.optimizer,
+                             "allocator": args.allocator, "threads": args.threads})
     return results
 
 

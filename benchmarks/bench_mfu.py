@@ -44,11 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_causal_lm import BENCH_PRESETS  # noqa: E402
 from causal_lm_worker import one_step  # noqa: E402
 from common import (  # noqa: E402
+    ALLOCATOR_HELP,
+    ALLOCATORS,
     counted_matmul_flops,
     matmul_flops,
     print_table,
     set_threads,
     stream_segments,
+    use_allocator,
     word_level_ids,
     write_json,
 )
@@ -101,10 +104,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=3, help="training steps timed per round")
     parser.add_argument("--matmul-n", type=int, default=2048)
     parser.add_argument("--compile", action="store_true", help="torch.compile every layer")
+    parser.add_argument("--allocator", default="keep", choices=ALLOCATORS, help=ALLOCATOR_HELP)
     parser.add_argument("--output", default="benchmarks/results/mfu.json")
     args = parser.parse_args(argv)
     from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 
+    use_allocator(args.allocator)
     set_threads()
     spec = BENCH_PRESETS[args.preset]
     cfg = TransformerXLConfig(**spec["model"])
@@ -145,7 +150,7 @@ def main(argv=None) -> dict:
          ["achieved GFLOP/s", achieved / 1e9], [f"torch.mm {args.matmul_n}^2 GFLOP/s", peak / 1e9],
          ["MFU", f"{mfu:.1%} (target >= 40%)"]],
     )
-    result = {"preset": args.preset, "compile": args.compile, "flops_per_token": flops,
+    result = {"preset": args.preset, "compile": args.compile, "allocator": args.allocator, "flops_per_token": flops,
               "counted_flops_per_token": counted, "tokens_per_s": tokens_per_s,
               "matmul_flops_per_s": peak, "matmul_raw": matmul_rates, "step_times": step_times,
               "achieved_flops_per_s": achieved, "mfu": mfu, "table": table}

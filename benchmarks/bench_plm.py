@@ -3,7 +3,8 @@
 Same weights (an XLNetLMHeadModel is created with a seed and converted with `xlnet_conversion.from_xlnet`),
 same batches (WikiText-2 word ids laid out as `reuse ++ A <sep> B <sep> <cls>`, targets and permutations from the
 project's sampler `modeling_xl.data.plm_sampling.PLMCollator`: identical perm_mask / target_mapping / labels for both),
-memory carried on both sides (`mem_len`, `reuse_len`; XLNet with `use_mems_train=True`), float32, 2 threads.
+memory carried on both sides (`mem_len`, `reuse_len`; XLNet with `use_mems_train=True`), float32, 2 threads, one host
+allocator for both (`--allocator`; both models live in one process).
 Training step = forward + backward + Adam (torch's fused Adam on both sides). Both models live in this process and
 alternate round by round. As in bench_causal_lm.py, the matrix-product FLOPs of one step of each side are counted
 (FlopCounterMode) and divided by the float32 torch.mm rate measured in this run: `xlnet step / our floor` is the
@@ -26,12 +27,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
+    ALLOCATOR_HELP,
+    ALLOCATORS,
     counted_matmul_flops,
     matmul_flops,
     print_table,
     recorded_matmuls,
     replayed_matmul_seconds,
     set_threads,
+    use_allocator,
     word_level_ids,
     write_json,
 )
@@ -104,8 +108,10 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="training steps timed per round and side")
+    parser.add_argument("--allocator", default="keep", choices=ALLOCATORS, help=ALLOCATOR_HELP)
     parser.add_argument("--output", default="benchmarks/results/plm.json")
     args = parser.parse_args(argv)
+    use_allocator(args.allocator)  # both models live in this process
     from transformers import XLNetConfig, XLNetLMHeadModel
 
     from modeling_xl.modeling_permutation_lm import TransformerXLForPermutationLM
@@ -153,8 +159,9 @@ def main(argv=None) -> dict:
            ["xlnet step / our products replayed alone", f"{steps['xlnet'] / replayed['ours']['seconds']:.2f}x",
             "", "", "", "", ""]],
     )
-    result = {"xlnet_config": XLNET, "batch": BATCH, "seq_len": SEQ_LEN, "reuse_len": REUSE_LEN,
-              "num_predict": NUM_PREDICT, "tokens_per_s": tps, "ratio": ratio, "step_times": times,
+    result = {"xlnet_config": XLNET, "allocator": args.allocator, "batch": BATCH, "seq_len": SEQ_LEN,
+              "reuse_len": REUSE_LEN, "num_predict": NUM_PREDICT, "tokens_per_s": tps, "ratio": ratio,
+              "step_times": times,
               "matmul_flops_per_step": flops, "matmul_flops_per_s": rate, "matmul_raw": rates,
               "largest_float32_ratio": ceiling, "replayed_matmuls": replayed, "loss_check": check, "table": table}
     write_json(args.output, result)

@@ -6,8 +6,9 @@ Modes:
             and `save_pretrained(model_dir)`; both sides then load these weights.
     train   forward + backward + Adam step per segment, memory carried from segment to segment.
     eval    no_grad forward with labels, memory carried.
-Options: `optimizer` "adam-fused" (default: `fused=True`, one kernel per step) or "adam" (torch's default);
-`autocast` "bf16" runs the forward under `torch.autocast("cpu", torch.bfloat16)` (weights and Adam stay float32).
+Options: `allocator` "keep" or "default" (common.use_allocator, applied first; default "default"); `threads` (2);
+`optimizer` "adam-fused" (default: `fused=True`, one kernel per step) or "adam" (torch's default); `autocast` "bf16"
+runs the forward under `torch.autocast("cpu", torch.bfloat16)` (weights and Adam stay float32).
 Answer (one JSON line): per-step seconds of the timed steps, tokens per step, the growth of resident memory (RSS)
 over the timed steps, the losses, the matrix-product FLOPs of one more step counted by
 `torch.utils.flop_counter.FlopCounterMode` (what this implementation really multiplies, wasted work included), the
@@ -22,7 +23,7 @@ import time
 import torch
 
 from common import (PeakMemory, counted_matmul_flops, emit, matmul_flops, recorded_matmuls, replayed_matmul_seconds,
-                    set_threads, worker_args)
+                    set_threads, use_allocator, worker_args)
 
 
 def load_model(args):
@@ -99,6 +100,7 @@ def tensor_peak(step) -> dict:
 
 
 def run(args) -> dict:
+    use_allocator(args.get("allocator", "default"))
     set_threads(args.get("threads", 2))
     torch.manual_seed(0)
     model = load_model(args)

@@ -16,6 +16,7 @@ allocator sits below; torch has no CPU allocator statistics in this version.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -39,6 +40,27 @@ DEFAULT_THREADS = 2
 # ----------------------------------------------------------------------------------------------------------------- time
 def set_threads(n: int = DEFAULT_THREADS) -> None:
     torch.set_num_threads(n)
+
+
+ALLOCATORS = ("keep", "default")
+ALLOCATOR_HELP = ("host memory allocator of every measured process, the same for both sides: 'keep' (glibc keeps "
+                  "freed memory, modeling_xl/host_memory.py, as pretraining and fine-tuning on the CPU set it) or "
+                  "'default' (glibc's own thresholds)")
+
+
+def use_allocator(name: str) -> None:
+    """Apply `name` (one of ALLOCATORS) to this process before anything is built. "keep" runs the project's own
+    `modeling_xl/host_memory.py`, loaded by its path, so that the legacy interpreter (which does not have the project
+    installed) applies the very same setting."""
+    if name not in ALLOCATORS:
+        raise ValueError(f"allocator={name!r}; expected one of {ALLOCATORS}")
+    if name == "keep":
+        spec = importlib.util.spec_from_file_location("host_memory", REPO / "modeling_xl" / "host_memory.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if not module.keep_freed_memory():
+            raise RuntimeError("allocator='keep' could not be applied here (not glibc, or MALLOC_* settings in the "
+                               "environment); run with --allocator default")
 
 
 def timed(fn, repeats: int, warmup: int = 1) -> list[float]:

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_causal_lm import BENCH_PRESETS, legacy_config  # noqa: E402
 from causal_lm_worker import one_step  # noqa: E402
 from common import MATMUL_OPS as COMMON_MATMUL_OPS  # noqa: E402
-from common import (print_table, recorded_matmuls, replayed_matmul_seconds, set_threads, stream_segments,  # noqa: E402
-                    word_level_ids, write_json)
+from common import (ALLOCATOR_HELP, ALLOCATORS, print_table, recorded_matmuls, replayed_matmul_seconds,  # noqa: E402
+                    set_threads, stream_segments, use_allocator, word_level_ids, write_json)
 
 MATMUL_OPS = {f"aten::{name}" for name in COMMON_MATMUL_OPS}
 OPTIMIZER_OPS = {"aten::_fused_adam_", "aten::_foreach_add_", "aten::_foreach_mul_", "aten::_foreach_addcmul_",
@@ -75,11 +75,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--replay-matmuls", action="store_true",
                         help="also record one more step's matrix products and time each alone at its shapes (the "
                              "time they take by themselves: every other operation free)")
+    parser.add_argument("--allocator", default="keep", choices=ALLOCATORS, help=ALLOCATOR_HELP)
     parser.add_argument("--output", default=None, help="default benchmarks/results/profile_<impl>_<preset>.json")
     args = parser.parse_args(argv)
     if args.impl not in (("ours", "xlnet") if args.preset == "plm" else ("ours", "legacy")):
         parser.error(f"--impl {args.impl} does not go with --preset {args.preset}; expected ours/legacy for the causal "
                      "presets, ours/xlnet for plm")
+    use_allocator(args.allocator)
     set_threads()
     if args.preset == "plm":
         run = plm_steps(args.impl, args.steps + 1)

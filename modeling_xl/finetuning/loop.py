@@ -17,6 +17,7 @@ import torch
 
 from tokenization import check_vocab_matches
 
+from ..host_memory import keep_freed_memory
 from ..runs import StepLog, check_output_dir, clear_run_records, end_run
 from ..training.checkpointing import read_training_state
 from ..training.engines import refuse_split_world
@@ -86,6 +87,8 @@ def run_finetuning(args: FinetuneArguments) -> dict:
         check_inputs_survive(args, [output_dir / name for name in earlier_run(output_dir, RESULTS_FILE)])
     resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint) if resuming else None
     accelerator = Accelerator()
+    if accelerator.device.type == "cpu" and keep_freed_memory():  # tensors made every step stay mapped
+        logger.info("host memory: glibc malloc keeps freed memory for reuse (modeling_xl.host_memory)")
     refuse_split_world(accelerator)  # processes that would each fine-tune alone and write the same folder
     set_seed(args.seed)
     raw = load_raw_datasets(args)

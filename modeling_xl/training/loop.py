@@ -16,6 +16,7 @@ from typing import Callable
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 
+from ..host_memory import keep_freed_memory
 from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run
 from .arguments import RUN_RECORDS, PretrainArguments, earlier_pretraining_run, processes_split, save_resolved
 from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
@@ -83,6 +84,8 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
                                   overwrite=args.overwrite_output_dir)
     check_output_contents(output_dir, args, holds_earlier_run=bool(earlier_pretraining_run(output_dir)))
     accelerator = make_accelerator(args)
+    if accelerator.device.type == "cpu" and keep_freed_memory():  # tensors made every step stay mapped
+        logger.info("host memory: glibc malloc keeps freed memory for reuse (modeling_xl.host_memory)")
     describe_run(accelerator, args)
     refuse_split_world(accelerator)  # processes that would each train alone on the same folder
     refuse_unsupported(accelerator)  # FSDP1, DeepSpeed: named, before any data or model is built
