@@ -8,15 +8,15 @@ measurement runs in a fresh process; ours and legacy alternate `--repeats` times
 sides of a ratio come from the same run of this script.
 
 The matmul floor: each worker counts the matrix-product FLOPs of one training step (FlopCounterMode) and measures the
-float32 torch.mm rate (2048^2, 2 threads) right after its timed steps; FLOPs / rate is the time a step would take if
-every product ran at that rate and nothing else cost anything (the median over the workers of a side is reported,
-with the range of the rates). `legacy step / our floor` is therefore about the largest ratio a float32 implementation
-doing our products could reach on this machine (the 2048^2 rate is a reference, not a hard bound: a product of
-another shape may run a little faster). The train workers also record the products of one more step and replay each
-alone at its own shapes and strides (`common.replayed_matmul_seconds`): the time the step's products take by
-themselves at the rate of their shapes, a floor nearer to what small products really cost. `--bf16` adds a training
-row under `torch.autocast("cpu", torch.bfloat16)` for both sides (a precision change, reported apart from the float32
-targets).
+float32 torch.mm rate (2048^2, at the run's thread count) right after its timed steps; FLOPs / rate is the time a step
+would take if every product ran at that rate and nothing else cost anything (the median over the workers of a side is
+reported, with the range of the rates). `legacy step / our floor` is therefore about the largest ratio a float32
+implementation doing our products could reach on this machine (the 2048^2 rate is a reference, not a hard bound: a
+product of another shape may run a little faster). The train workers also record the products of one more step and
+replay each alone at its own shapes and strides (`common.replayed_matmul_seconds`): the time the step's products take
+by themselves at the rate of their shapes, a floor nearer to what small products really cost. `--bf16` adds a
+training row under `torch.autocast("cpu", torch.bfloat16)` for both sides (a precision change, reported apart from
+the float32 targets). Each worker also counts the minor page faults of its timed steps (see `--allocator`).
 
 Memory, two measures (MiB = 2^20 bytes): the tensor peak (everything alive at the step's peak: weights, gradients,
 Adam state, carried memory, activations; `causal_lm_worker.tensor_peak`), which the memory ratios use, and the growth
@@ -148,6 +148,7 @@ def digest(runs: list[dict]) -> dict:
         "tokens_per_s": runs[0]["tokens_per_step"] / step,
         "step_s_median": step,
         "step_s_per_run": per_run,
+        "page_faults_per_step": statistics.median(statistics.median(r["page_faults"]) for r in runs),
         "rss_growth_mib": statistics.median(r["peak_bytes"] for r in runs) / 2**20,
         "rss_growth_mib_per_run": [r["peak_bytes"] / 2**20 for r in runs],
         "peak_method": runs[0]["peak_method"],
@@ -177,6 +178,8 @@ def main(argv=None) -> dict:
                         help="also time our training with activation checkpointing against legacy plain training")
     parser.add_argument("--output", default="benchmarks/results/causal_lm.json")
     args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads {args.threads} is invalid; expected an integer >= 1")
     legacy_python = ensure_legacy_python(args.legacy_python)
     set_threads()
     modes = ("train", "eval") + ("train_bf16",) * args.bf16 + ("train_ckpt",) * args.checkpointing
@@ -199,6 +202,8 @@ def main(argv=None) -> dict:
                          legacy["tensor_peak_mib"], ours["tensor_peak_mib"] / max(legacy["tensor_peak_mib"], 1e-9)])
             rows.append([name, f"{mode} RSS growth MiB (weights excluded)", ours["rss_growth_mib"],
                          legacy["rss_growth_mib"], ours["rss_growth_mib"] / max(legacy["rss_growth_mib"], 1e-9)])
+            rows.append([name, f"{mode} minor page faults per step", ours["page_faults_per_step"],
+                         legacy["page_faults_per_step"], ""])
         ours, legacy = res["train"]["ours"], res["train"]["legacy"]
         rates = ours["matmul_flops_per_s_per_run"] + legacy["matmul_flops_per_s_per_run"]
         rows.append([name, "train matmul GFLOP / step", ours["matmul_flops_per_step"] / 1e9,

@@ -9,8 +9,8 @@ Modes:
 Options: `allocator` "keep" or "default" (common.use_allocator, applied first; default "default"); `threads` (2);
 `optimizer` "adam-fused" (default: `fused=True`, one kernel per step) or "adam" (torch's default); `autocast` "bf16"
 runs the forward under `torch.autocast("cpu", torch.bfloat16)` (weights and Adam stay float32).
-Answer (one JSON line): per-step seconds of the timed steps, tokens per step, the growth of resident memory (RSS)
-over the timed steps, the losses, the matrix-product FLOPs of one more step counted by
+Answer (one JSON line): per-step seconds and minor page faults of the timed steps, tokens per step, the growth of
+resident memory (RSS) over the timed steps, the losses, the matrix-product FLOPs of one more step counted by
 `torch.utils.flop_counter.FlopCounterMode` (what this implementation really multiplies, wasted work included), the
 tensor peak of one more step (`tensor_peak`: everything alive, weights included) and the float32 torch.mm rate
 measured in this process right after its steps (for the step's matmul floor).
@@ -18,6 +18,7 @@ measured in this process right after its steps (for the step's matmul floor).
 
 from __future__ import annotations
 
+import resource
 import time
 
 import torch
@@ -113,10 +114,11 @@ def run(args) -> dict:
     n_warmup, n_steps = args["warmup"], args["steps"]
     memory = PeakMemory()
     memory.start()
-    mems, times, losses = None, [], []
+    mems, times, losses, faults = None, [], [], []
     for step in range(n_warmup + n_steps):
         segment = segments[step % len(segments)]
         inputs = segment[:, :-1]
+        faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         out = one_step(model, inputs, mems, optimizer, precision)
         mems = out.mems
@@ -124,6 +126,7 @@ def run(args) -> dict:
         losses.append(float(out.loss))
         if step >= n_warmup:
             times.append(elapsed)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before)
     peak = memory.stop()
     flops = counted_matmul_flops(
         lambda: one_step(model, segments[(n_warmup + n_steps) % len(segments)][:, :-1], mems, optimizer, precision))
@@ -134,9 +137,10 @@ def run(args) -> dict:
         replayed = replayed_matmul_seconds(recorded_matmuls(
             lambda: one_step(model, segments[1][:, :-1], mems, optimizer, precision)))
     batch, qlen = segments.shape[1], segments.shape[2] - 1
-    return {"times": times, "tokens_per_step": batch * qlen, "peak_bytes": peak, "peak_method": memory.method,
-            "matmul_flops_per_step": flops, **tensors, "matmul_flops_per_s": rate, "replayed_matmuls": replayed,
-            "losses": losses, "mem_len_seen": int(mems[0].shape[0 if args["impl"] == "legacy" else 1])}
+    return {"times": times, "page_faults": faults, "tokens_per_step": batch * qlen, "peak_bytes": peak,
+            "peak_method": memory.method, "matmul_flops_per_step": flops, **tensors, "matmul_flops_per_s": rate,
+            "replayed_matmuls": replayed, "losses": losses,
+            "mem_len_seen": int(mems[0].shape[0 if args["impl"] == "legacy" else 1])}
 
 
 if __name__ == "__main__":

@@ -58,9 +58,9 @@ def use_allocator(name: str) -> None:
         spec = importlib.util.spec_from_file_location("host_memory", REPO / "modeling_xl" / "host_memory.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        if not module.keep_freed_memory():
-            raise RuntimeError("allocator='keep' could not be applied here (not glibc, or MALLOC_* settings in the "
-                               "environment); run with --allocator default")
+        why_not = module.keep_freed_memory()
+        if why_not is not None:
+            raise RuntimeError(f"allocator='keep' could not be applied here: {why_not}; run with --allocator default")
 
 
 def timed(fn, repeats: int, warmup: int = 1) -> list[float]:
@@ -244,7 +244,8 @@ def replayed_matmul_seconds(calls: Counter, repeats: int = 5, min_seconds: float
 
 # ------------------------------------------------------------------------------------------------------- subprocesses
 def run_worker(python: str, script: str | Path, args: dict, timeout: int = 1800) -> dict:
-    """Run `python script --args JSON` in a fresh process (2 threads) and return the JSON of its last stdout line."""
+    """Run `python script --args JSON` in a fresh process and return the JSON of its last stdout line (OpenMP / MKL
+    start at DEFAULT_THREADS threads; a worker given `threads` sets its own count with `set_threads`)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(DEFAULT_THREADS), MKL_NUM_THREADS=str(DEFAULT_THREADS),
                TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
     env["PYTHONPATH"] = os.pathsep.join([str(Path(script).resolve().parent), env.get("PYTHONPATH", "")])

@@ -1,17 +1,17 @@
 """Host memory: freed CPU memory kept in the process for the next allocation, as a caching allocator keeps GPU memory.
 
-glibc's malloc serves a request above its mmap threshold (128 KiB, raised as large blocks are freed, to at most
-32 MiB) with fresh pages from the kernel and hands them back when the block is freed; freed heap memory above its trim
-threshold goes back to the kernel too. A tensor of that size made at every training step, such as the gradient of the
-tied [V, d] table (34 MB at the d256 benchmark shape, 61 MB at `wide`), is then page-faulted in, one 4 KiB page at a
-time, at every step: 8,300 and 16,000 page faults per step measured, 4% and 11% of the step
-(benchmarks/README.md, "Host memory"). With both thresholds at 1 GiB, malloc keeps what was freed and hands it out
-again. The resident size stays at its high-water mark, which a training process reaches at every step anyway.
+glibc's malloc serves a request above its mmap threshold (128 KiB at first, raised as large blocks are freed, to at
+most 32 MiB) with fresh pages from the kernel and unmaps them when the block is freed; free space at the top of its
+heap beyond the trim threshold goes back to the kernel too. A tensor of that size made at every training step, such
+as the tied [V, d] table's gradient (34 MB for a 33,278-word vocabulary at width 256), is then page-faulted in, one
+page at a time, at every step (figures: benchmarks/README.md, "Host memory"). With both thresholds at 1 GiB malloc
+keeps what is freed and hands it out again; the resident size stays at its high-water mark.
 
-The setting is process-wide, so only the programs that own their process apply it: pretraining and fine-tuning on the
-CPU, the build workers of `data.text_file_build`, and the benchmark workers (for both sides of a comparison).
-Importing the package changes nothing. A user's own glibc malloc settings (`MALLOC_*_` variables or `glibc.malloc`
-tunables in the environment, read by glibc at startup) are left as they are.
+Process-wide: importing the package changes nothing. The training loops of pretraining and fine-tuning apply it on
+the CPU right before their first step (`runs.keep_freed_host_memory`), after the data, the model and a resumed
+checkpoint exist, whose one-off peaks thus stay out of the kept memory; the build workers of `data.text_file_build`
+and the benchmark workers (both sides of a comparison) apply it too. The user's own settings of these thresholds
+(`MALLOC_*_` variables or `glibc.malloc` tunables in the environment, read by glibc at startup) are left as they are.
 """
 
 from __future__ import annotations
@@ -20,28 +20,37 @@ import ctypes
 import os
 import platform
 
-# mallopt(3) parameters and the value given to both
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 THRESHOLD_BYTES = 1 << 30
+# mallopt(3) parameters set here, with the environment variables and tunables that set the same from outside
+OPTIONS = {"M_MMAP_THRESHOLD": -3, "M_TRIM_THRESHOLD": -1}
+USER_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+USER_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold", "glibc.malloc.top_pad",
+                 "glibc.malloc.mmap_max")
 
 
 def user_malloc_settings() -> list[str]:
-    """The environment variables that hold the user's own glibc malloc settings."""
-    names = [name for name in os.environ if name.startswith("MALLOC_") and name.endswith("_")]
-    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
-        names.append("GLIBC_TUNABLES")
-    return names
+    """Where the environment holds the user's own setting of what `keep_freed_memory` changes: variable names, and
+    `GLIBC_TUNABLES` with the tunables it sets."""
+    found = [name for name in USER_VARIABLES if name in os.environ]
+    tunables = [item.split("=")[0] for item in os.environ.get("GLIBC_TUNABLES", "").split(":")]
+    own = [name for name in USER_TUNABLES if name in tunables]
+    return found + ([f"GLIBC_TUNABLES ({', '.join(own)})"] if own else [])
 
 
-def keep_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds to 1 GiB in this process (see the module docstring). Returns whether it
-    did: False where the C library is not glibc or the environment already holds the user's own malloc settings."""
+def keep_freed_memory() -> str | None:
+    """Raise glibc's mmap and trim thresholds to 1 GiB in this process (see the module docstring). Returns None once
+    done, else why not (one line, for a log): not glibc, the user's own settings, or a threshold glibc refused (older
+    releases cap the mmap threshold at 32 MiB)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    if user_malloc_settings():
-        return False
+        return f"the C library is not glibc ({platform.system()}, {platform.libc_ver()[0] or 'unknown'})"
+    own = user_malloc_settings()
+    if own:
+        return f"the environment sets it already: {', '.join(own)}"
     try:
         libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    return all(libc.mallopt(option, THRESHOLD_BYTES) == 1 for option in (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD))
+    except OSError as error:
+        return f"libc.so.6 could not be loaded ({error})"
+    for name, option in OPTIONS.items():
+        if libc.mallopt(option, THRESHOLD_BYTES) != 1:
+            return f"mallopt({name}, 1 GiB) was refused (older glibc releases cap the mmap threshold at 32 MiB)"
+    return None

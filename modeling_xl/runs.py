@@ -7,17 +7,23 @@ the step log, an earlier run's records, and the end of a run.
   marks one is the caller's `earlier_run(folder)`) unless the run resumes or overwrites; `clear_run_records` deletes
   that earlier run's records for `--overwrite_output_dir`.
 - `StepLog` / `read_log`: the append-only JSONL step log (`LOG_FILE`), cut back to the resumed step on resume.
+- `keep_freed_host_memory`: on the CPU, glibc keeps the memory one step frees for the next (`host_memory`).
 - `end_run`: release Accelerate's prepared objects, then end training (in that order, see there).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable
+
+from .host_memory import keep_freed_memory
+
+logger = logging.getLogger(__name__)
 
 LOG_FILE = "train_log.jsonl"  # one JSON object per line: {"step", "loss", "lr", ...} or {"step", "eval_loss", ...}
 
@@ -122,6 +128,21 @@ def read_log(path) -> list[dict]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ---- the training loop's process ---------------------------------------------------------------------------------
+
+def keep_freed_host_memory(device) -> None:
+    """Called right before the training loop: on the CPU, glibc's malloc keeps the memory each step frees for the next
+    instead of handing it back and page-faulting it in again (`host_memory.keep_freed_memory`; process-wide, for the
+    rest of the process). Logs what was done, or why not."""
+    if device.type != "cpu":
+        return
+    why_not = keep_freed_memory()
+    if why_not is None:
+        logger.info("host memory: glibc malloc keeps freed memory for reuse (modeling_xl.host_memory)")
+    else:
+        logger.info("host memory: glibc malloc left as it is: %s", why_not)
 
 
 # ---- the end of a run ----------------------------------------------------------------------------------------------

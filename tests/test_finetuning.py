@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -110,6 +111,20 @@ def run_script(tmp_path, checkpoint, train, dev, *extra, output="out"):
                                "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", *extra])
     assert code == 0
     return json.loads((tmp_path / output / "classification_results.json").read_text())
+
+
+def test_finetuning_keeps_freed_host_memory_before_its_training_loop(tmp_path, lm_checkpoint, one_thread):
+    """`runs.keep_freed_host_memory` runs once, with the run's device, after the data and the model exist and before the
+    first step."""
+    from modeling_xl.finetuning import loop
+
+    events = []
+    real_loop = loop.train_loop
+    with mock.patch.object(loop, "keep_freed_host_memory", side_effect=lambda device: events.append(device)), \
+            mock.patch.object(loop, "train_loop",
+                              side_effect=lambda *a, **k: events.append("train_loop") or real_loop(*a, **k)):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, max_train_steps=2, eval_steps=2))
+    assert events == [torch.device("cpu"), "train_loop"]
 
 
 # ---- every task shape, end to end through the script ---------------------------------------------------------------

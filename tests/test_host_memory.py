@@ -1,23 +1,30 @@
-"""`host_memory.keep_freed_memory`: freed CPU memory stays in the process (no page faults when it is used again), the
-user's own malloc settings win, and pretraining and fine-tuning on the CPU apply it. Each allocator check runs in a
-fresh process, since the setting is process-wide."""
+"""`host_memory.keep_freed_memory`: freed CPU memory stays in the process (no page faults when it is used again), and
+the user's own malloc settings win; `runs.keep_freed_host_memory` applies it on the CPU only. Each allocator check runs
+in a fresh process, since the setting is process-wide. (That pretraining and fine-tuning call it before their training
+loops: tests/test_training_steps.py, tests/test_finetuning.py.)"""
 
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 
-from modeling_xl.finetuning import FinetuneArguments, run_finetuning
-from modeling_xl.training import parse_args, run_pretraining
+from modeling_xl import runs
 
 REPO = Path(__file__).resolve().parents[1]
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                                 reason="the setting is glibc malloc's")
+# with transparent huge pages on for every mapping, a fresh 48 MiB block faults in 2 MiB at a time: nothing to see
+small_pages_only = pytest.mark.skipif(THP.is_file() and "[always]" in THP.read_text(),
+                                      reason="transparent huge pages are 'always' here")
+PROBE_PAGES = 12 * 2**20 * 4 // resource.getpagesize()  # pages of the probe's 48 MiB block
 
 # Allocates a 48 MiB tensor (above glibc's largest automatic mmap threshold, 32 MiB, like the tied table's gradient
 # of a 33k-word vocabulary at width 256), writes it, frees it, and counts the page faults of doing that again.
@@ -25,7 +32,7 @@ PROBE = """
 import json, resource, sys
 import torch
 from modeling_xl.host_memory import keep_freed_memory
-applied = keep_freed_memory() if sys.argv[1] == "keep" else None
+applied = keep_freed_memory() if sys.argv[1] == "keep" else "not called"
 def faults_of_one_round():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     x = torch.empty(12 * 2**20).fill_(1.0)  # 48 MiB
@@ -36,8 +43,10 @@ print(json.dumps({"applied": applied, "faults": min(faults_of_one_round() for _ 
 """
 
 
-def probe(mode: str, **env) -> dict:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+def probe(mode: str, **env: str) -> dict:
+    """Run PROBE in a fresh process with `env` added (and no malloc settings of this environment): {"applied": what
+    keep_freed_memory returned (None: applied; else why not), "faults": page faults of one allocation round}."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     environment.update(env, PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, env=environment,
                           check=True, timeout=120)
@@ -45,40 +54,44 @@ def probe(mode: str, **env) -> dict:
 
 
 @glibc_only
+@small_pages_only
 def test_freed_memory_is_used_again_without_page_faults():
-    pages = 12 * 2**20 * 4 // 4096
     default, kept = probe("default"), probe("keep")
-    assert default["faults"] > pages // 2, default  # each round maps fresh pages and faults them in
-    assert kept["applied"] is True
-    assert kept["faults"] < pages // 20, kept  # the freed block is handed out again
+    assert default["faults"] > PROBE_PAGES // 2, default  # each round maps fresh pages and faults them in
+    assert kept["applied"] is None, kept  # None: applied
+    assert kept["faults"] < PROBE_PAGES // 20, kept  # the freed block is handed out again
 
 
 @glibc_only
-def test_the_users_own_malloc_settings_are_left_alone():
-    kept = probe("keep", MALLOC_TRIM_THRESHOLD_="131072")
-    assert kept["applied"] is False
-    assert kept["faults"] > 12 * 2**20 * 4 // 4096 // 2  # glibc's own behaviour, unchanged
+@small_pages_only
+@pytest.mark.parametrize("setting", [{"MALLOC_TRIM_THRESHOLD_": "131072"},
+                                     {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"}])
+def test_the_users_own_malloc_settings_are_left_alone(setting):
+    kept = probe("keep", **setting)
+    assert next(iter(setting)) in kept["applied"], kept  # the reason names the user's setting
+    assert kept["faults"] > PROBE_PAGES // 2, kept  # glibc's own behaviour, unchanged
 
 
-class Applied(Exception):
-    """Raised by the patched `keep_freed_memory`: the run got there, and stops before any data or model exists."""
+def test_settings_of_other_malloc_knobs_do_not_count_as_the_users_thresholds(monkeypatch):
+    from modeling_xl.host_memory import user_malloc_settings
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0:glibc.cpu.hwcaps=-AVX2")
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert user_malloc_settings() == []
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert user_malloc_settings() == ["MALLOC_MMAP_THRESHOLD_"]
 
 
-def test_pretraining_on_the_cpu_keeps_freed_memory(tmp_path):
-    args = parse_args(["--preset", "debug", "--output_dir", str(tmp_path / "out"), "--disable_tqdm"])
-    with mock.patch("modeling_xl.training.loop.keep_freed_memory", side_effect=Applied) as keep:
-        with pytest.raises(Applied):
-            run_pretraining(args)
-    keep.assert_called_once_with()
-
-
-def test_finetuning_on_the_cpu_keeps_freed_memory(tmp_path):
-    (tmp_path / "model").mkdir()
-    train = tmp_path / "train.tsv"
-    train.write_text("sentence\tlabel\ngood\t1\nbad\t0\n")
-    args = FinetuneArguments(model_name_or_path=str(tmp_path / "model"), output_dir=str(tmp_path / "out"),
-                             train_file=str(train), validation_file=str(train), disable_tqdm=True)
-    with mock.patch("modeling_xl.finetuning.loop.keep_freed_memory", side_effect=Applied) as keep:
-        with pytest.raises(Applied):
-            run_finetuning(args)
-    keep.assert_called_once_with()
+def test_the_training_loops_helper_applies_it_on_the_cpu_only(caplog):
+    with mock.patch.object(runs, "keep_freed_memory", return_value=None) as keep:
+        runs.keep_freed_host_memory(torch.device("cuda"))
+        keep.assert_not_called()
+        with caplog.at_level("INFO", logger="modeling_xl.runs"):
+            runs.keep_freed_host_memory(torch.device("cpu"))
+        keep.assert_called_once_with()
+    assert "keeps freed memory" in caplog.text
+    with mock.patch.object(runs, "keep_freed_memory", return_value="the C library is not glibc"):
+        with caplog.at_level("INFO", logger="modeling_xl.runs"):
+            runs.keep_freed_host_memory(torch.device("cpu"))
+    assert "left as it is: the C library is not glibc" in caplog.text

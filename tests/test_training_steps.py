@@ -374,3 +374,16 @@ def test_bf16_mixed_precision_run_follows_the_float32_run(tmp_path):
     AcceleratorState._reset_state(reset_partial_state=True)
     assert len(curves["bf16"]) == 12 and torch.isfinite(curves["bf16"]).all()
     torch.testing.assert_close(curves["bf16"], curves["no"], rtol=0.03, atol=0.0)
+
+
+def test_pretraining_keeps_freed_host_memory_before_its_training_loop(tmp_path):
+    """`runs.keep_freed_host_memory` runs once, with the run's device, after the data, the model and a resume exist
+    (their one-off peaks stay out of the kept memory) and before the first step."""
+    from modeling_xl.training import loop
+
+    events = []
+    real_train = loop.train
+    with mock.patch.object(loop, "keep_freed_host_memory", side_effect=lambda device: events.append(device)), \
+            mock.patch.object(loop, "train", side_effect=lambda *a, **k: events.append("train") or real_train(*a, **k)):
+        run_pretraining(debug_args(tmp_path / "out", "--max_train_steps", "2", "--eval_steps", "2"), builder)
+    assert events == [torch.device("cpu"), "train"]

@@ -17,8 +17,7 @@ import torch
 
 from tokenization import check_vocab_matches
 
-from ..host_memory import keep_freed_memory
-from ..runs import StepLog, check_output_dir, clear_run_records, end_run
+from ..runs import StepLog, check_output_dir, clear_run_records, end_run, keep_freed_host_memory
 from ..training.checkpointing import read_training_state
 from ..training.engines import refuse_split_world
 from .arguments import RESULTS_FILE, FinetuneArguments, validate
@@ -72,7 +71,9 @@ def evaluate_model(accelerator, model, dataloader, task: Task, args=None) -> dic
 
 
 def run_finetuning(args: FinetuneArguments) -> dict:
-    """Fine-tune, save model + tokenizer, evaluate on the dev split, save results + model card; returns the results."""
+    """Fine-tune, save model + tokenizer, evaluate on the dev split, save results + model card; returns the results.
+    On the CPU it sets glibc's malloc to keep freed memory for the rest of the process (`runs.keep_freed_host_memory`).
+    """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
@@ -87,8 +88,6 @@ def run_finetuning(args: FinetuneArguments) -> dict:
         check_inputs_survive(args, [output_dir / name for name in earlier_run(output_dir, RESULTS_FILE)])
     resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint) if resuming else None
     accelerator = Accelerator()
-    if accelerator.device.type == "cpu" and keep_freed_memory():  # tensors made every step stay mapped
-        logger.info("host memory: glibc malloc keeps freed memory for reuse (modeling_xl.host_memory)")
     refuse_split_world(accelerator)  # processes that would each fine-tune alone and write the same folder
     set_seed(args.seed)
     raw = load_raw_datasets(args)
@@ -149,6 +148,7 @@ def run_finetuning(args: FinetuneArguments) -> dict:
         state = {**layout, "history": history, "train_seconds": time.perf_counter() - start}
         save_checkpoint(accelerator, output_dir, at, state, rng)
 
+    keep_freed_host_memory(accelerator.device)  # after the data, the model and a resume: their peaks are one-off
     step = train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps, step, resumed_rng, start,
                       log, evaluate_at, checkpoint_at)
     train_seconds = time.perf_counter() - start

@@ -16,8 +16,7 @@ from typing import Callable
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 
-from ..host_memory import keep_freed_memory
-from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run
+from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run, keep_freed_host_memory
 from .arguments import RUN_RECORDS, PretrainArguments, earlier_pretraining_run, processes_split, save_resolved
 from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
                             resolve_checkpoint, save_checkpoint)
@@ -72,6 +71,7 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
     `data_builder(args, process_index, num_processes, per_process)` -> PretrainData; default: `data_sources.build_data`
     (the datasets/tokenizers pipeline). Tests pass their own to train on tiny corpora. The output folder is locked
     for the whole run (`output_guard.OutputDirLock`): a second run there is refused instead of mixing with this one.
+    On the CPU it sets glibc's malloc to keep freed memory for the rest of the process (`runs.keep_freed_host_memory`).
     """
     with OutputDirLock(args.output_dir, enabled=is_launch_main_process()):
         return _run_pretraining(args, data_builder)
@@ -84,8 +84,6 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
                                   overwrite=args.overwrite_output_dir)
     check_output_contents(output_dir, args, holds_earlier_run=bool(earlier_pretraining_run(output_dir)))
     accelerator = make_accelerator(args)
-    if accelerator.device.type == "cpu" and keep_freed_memory():  # tensors made every step stay mapped
-        logger.info("host memory: glibc malloc keeps freed memory for reuse (modeling_xl.host_memory)")
     describe_run(accelerator, args)
     refuse_split_world(accelerator)  # processes that would each train alone on the same folder
     refuse_unsupported(accelerator)  # FSDP1, DeepSpeed: named, before any data or model is built
@@ -134,6 +132,7 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
         restore(accelerator, resume_from, saved, state, args)
     if args.with_tracking:
         accelerator.init_trackers("pretrain", config=_flat_hparams(args))
+    keep_freed_host_memory(accelerator.device)  # after the data, the model and a resume: their peaks are one-off
     try:
         train(accelerator, args, model, optimizer, scheduler, data, objective, state, {**layout, **stream}, global_batch)
     except NonFiniteLossError as error:
