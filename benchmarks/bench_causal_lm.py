@@ -38,8 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    ALLOCATOR_HELP,
-    ALLOCATORS,
+    add_allocator_option,
     OUR_PYTHON,
     print_table,
     run_worker,
@@ -171,7 +170,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per side and measurement")
     parser.add_argument("--optimizer", default="adam-fused", choices=["adam", "adam-fused"],
                         help="the same on both sides: torch.optim.Adam, default or fused=True")
-    parser.add_argument("--allocator", default="keep", choices=ALLOCATORS, help=ALLOCATOR_HELP)
+    add_allocator_option(parser)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of every measured process (both sides)")
     parser.add_argument("--bf16", action="store_true", help="also time training under bfloat16 autocast")
     parser.add_argument("--checkpointing", action="store_true",

@@ -44,8 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_causal_lm import BENCH_PRESETS  # noqa: E402
 from causal_lm_worker import one_step  # noqa: E402
 from common import (  # noqa: E402
-    ALLOCATOR_HELP,
-    ALLOCATORS,
+    add_allocator_option,
     counted_matmul_flops,
     matmul_flops,
     print_table,
@@ -104,7 +103,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=3, help="training steps timed per round")
     parser.add_argument("--matmul-n", type=int, default=2048)
     parser.add_argument("--compile", action="store_true", help="torch.compile every layer")
-    parser.add_argument("--allocator", default="keep", choices=ALLOCATORS, help=ALLOCATOR_HELP)
+    add_allocator_option(parser)
     parser.add_argument("--output", default="benchmarks/results/mfu.json")
     args = parser.parse_args(argv)
     from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM

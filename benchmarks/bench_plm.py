@@ -27,8 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    ALLOCATOR_HELP,
-    ALLOCATORS,
+    add_allocator_option,
     counted_matmul_flops,
     matmul_flops,
     print_table,
@@ -108,7 +107,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="training steps timed per round and side")
-    parser.add_argument("--allocator", default="keep", choices=ALLOCATORS, help=ALLOCATOR_HELP)
+    add_allocator_option(parser)
     parser.add_argument("--output", default="benchmarks/results/plm.json")
     args = parser.parse_args(argv)
     use_allocator(args.allocator)  # both models live in this process

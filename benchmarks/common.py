@@ -43,9 +43,14 @@ def set_threads(n: int = DEFAULT_THREADS) -> None:
 
 
 ALLOCATORS = ("keep", "default")
-ALLOCATOR_HELP = ("host memory allocator of every measured process, the same for both sides: 'keep' (glibc keeps "
-                  "freed memory, modeling_xl/host_memory.py, as pretraining and fine-tuning on the CPU set it) or "
-                  "'default' (glibc's own thresholds)")
+
+
+def add_allocator_option(parser) -> None:
+    """`--allocator` of a benchmark script (default "keep"), to hand to `use_allocator`."""
+    parser.add_argument("--allocator", default="keep", choices=ALLOCATORS,
+                        help="host memory allocator of every measured process, the same for both sides: 'keep' "
+                             "(glibc keeps freed memory, modeling_xl/host_memory.py, as pretraining and fine-tuning "
+                             "on the CPU set it) or 'default' (glibc's own thresholds)")
 
 
 def use_allocator(name: str) -> None:

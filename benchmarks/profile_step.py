@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_causal_lm import BENCH_PRESETS, legacy_config  # noqa: E402
 from causal_lm_worker import one_step  # noqa: E402
 from common import MATMUL_OPS as COMMON_MATMUL_OPS  # noqa: E402
-from common import (ALLOCATOR_HELP, ALLOCATORS, print_table, recorded_matmuls, replayed_matmul_seconds,  # noqa: E402
+from common import (add_allocator_option, print_table, recorded_matmuls, replayed_matmul_seconds,  # noqa: E402
                     set_threads, stream_segments, use_allocator, word_level_ids, write_json)
 
 MATMUL_OPS = {f"aten::{name}" for name in COMMON_MATMUL_OPS}
@@ -75,7 +75,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--replay-matmuls", action="store_true",
                         help="also record one more step's matrix products and time each alone at its shapes (the "
                              "time they take by themselves: every other operation free)")
-    parser.add_argument("--allocator", default="keep", choices=ALLOCATORS, help=ALLOCATOR_HELP)
+    add_allocator_option(parser)
     parser.add_argument("--output", default=None, help="default benchmarks/results/profile_<impl>_<preset>.json")
     args = parser.parse_args(argv)
     if args.impl not in (("ours", "xlnet") if args.preset == "plm" else ("ours", "legacy")):
