@@ -202,14 +202,17 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
         table_gradient: TableGradient | None = None,
         **kwargs,
     ) -> TransformerXLModelOutput | tuple:
-        """`reuse_len` (default `config.reuse_len`; None: all T) is how many leading tokens feed the next memory.
+        """`reuse_len` is how many leading tokens feed the next memory (None: all T). Left out, it is
+        `config.reuse_len` (what pretraining used) where that fits the input (0 < reuse_len < seq_len), and all T for
+        a shorter input, as transformers' XLNet does; given explicitly, it must fit.
         `table_gradient` (internal, from `TransformerXLForPermutationLM`): see `adaptive_softmax.TableGradient`."""
         cfg = self.config
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = cfg.return_dict if return_dict is None else return_dict
-        reuse_len = cfg.reuse_len if reuse_len is None else reuse_len
         batch, qlen = check_inputs(cfg, input_ids, inputs_embeds, mems)
+        if reuse_len is None and cfg.reuse_len is not None and 0 < cfg.reuse_len < qlen:
+            reuse_len = cfg.reuse_len
         check_permutation_inputs(cfg, batch, qlen, perm_mask, target_mapping, token_type_ids, attention_mask,
                                  reuse_len)
         mems = mems if mems is not None and mems[0].size(1) > 0 else None

@@ -119,7 +119,7 @@ def test_hub_path_calls_load_dataset_and_fails_offline_clearly(monkeypatch):
 
 def test_bad_corpora(tmp_path):
     (tmp_path / "empty.txt").write_text("\n  \n", encoding="utf-8")
-    with pytest.raises(ValueError, match="empty training split"):
+    with pytest.raises(ValueError, match=r"corpus '.*empty.txt' has no text \(2 rows, all blank\)"):
         load_corpus(tmp_path / "empty.txt", cache_dir=str(tmp_path / "cache"))
     (tmp_path / "zero.txt").write_bytes(b"")
     with pytest.raises(ValueError, match=r"zero.txt is empty \(0 bytes\); expected a corpus file"):
@@ -161,3 +161,44 @@ def test_trained_word_tokenizer_has_exactly_tokenizer_vocab_size_symbols(objecti
             assert len(tokenizer) == size, (size, texts is lines)
             assert tokenizer.convert_ids_to_tokens(0) == "<eos>" and tokenizer.unk_token == "<unk>"
             assert sorted(tokenizer.get_vocab().values()) == list(range(size))
+
+
+def test_a_byte_order_mark_does_not_stick_to_the_first_word(tmp_path):
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfFirst words\nsecond line \xef\xbb\xbfkept\n")
+    rows = load_corpus(tmp_path / "bom.txt", cache_dir=str(tmp_path / "cache"))["train"]["text"]
+    assert rows == ["First words", "second line \ufeffkept"]  # only the file's opening mark is dropped
+
+
+def test_errors_of_the_validation_file_name_that_argument(tmp_path):
+    from modeling_xl.training.arguments import parse_args
+    from modeling_xl.training.corpus import load_splits
+
+    (tmp_path / "train.txt").write_text("one line\nanother line\n")
+    (tmp_path / "blank.txt").write_text("\n \n")
+    args = parse_args(["--train_file", str(tmp_path / "train.txt"), "--validation_file", str(tmp_path / "blank.txt")])
+    with pytest.raises(ValueError, match=r"^validation_file='.*blank.txt': corpus '.*blank.txt' has no text \(2 rows"):
+        load_splits(args)
+    (tmp_path / "valid.jsonl").write_text('{"body": "x"}\n')
+    args = parse_args(["--train_file", str(tmp_path / "train.txt"), "--validation_file", str(tmp_path / "valid.jsonl")])
+    with pytest.raises(ValueError, match=r"^validation_file='.*valid.jsonl': corpus '.*valid.jsonl' has columns "
+                                         r"\['body'\]; expected a text column 'text'"):
+        load_splits(args)
+
+
+def test_a_folder_given_as_train_file_is_named_as_a_folder(tmp_path):
+    from modeling_xl.training.arguments import parse_args
+
+    with pytest.raises(ValueError, match=r"train_file='.*' is a folder; expected a local text/json/csv/parquet file "
+                                         r"\(for a folder of train/valid/test files pass it as --dataset_name\)"):
+        parse_args(["--train_file", str(tmp_path)])
+
+
+def test_corpus_files_a_folder_does_not_read_are_named(tmp_path, caplog):
+    for name in ("train.txt", "valid.txt", "more_train.txt"):
+        (tmp_path / name).write_text("some words\nmore words\n")
+    (tmp_path / "NOTES.md").write_text("not a corpus file")
+    with caplog.at_level("WARNING", logger="modeling_xl.data.corpora"):
+        corpus = load_corpus(tmp_path, cache_dir=str(tmp_path / "cache"))
+    assert sorted(corpus) == ["train", "validation"]
+    assert "ignoring more_train.txt (only files named train/valid/test are read)" in caplog.text
+    assert "NOTES.md" not in caplog.text

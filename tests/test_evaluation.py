@@ -187,6 +187,19 @@ def test_evaluate_lm_script_bad_input(checkpoint, tmp_path, capsys):
     assert "split='test' is not in" in capsys.readouterr().err
 
 
+def test_evaluate_lm_script_names_a_permutation_lm_folder(checkpoint, tmp_path, capsys):
+    from modeling_xl import TransformerXLForPermutationLM
+
+    _, corpus, _, tokenizer = checkpoint
+    config = TransformerXLConfig(vocab_size=len(tokenizer), d_model=16, n_layer=1, n_head=2, d_head=8, d_inner=32,
+                                 adaptive=False, attn_type="bi", ff_activation="gelu", reuse_len=3)
+    TransformerXLForPermutationLM(config).save_pretrained(tmp_path / "plm")
+    tokenizer.save_pretrained(tmp_path / "plm")
+    assert load_script("evaluate_lm").main([str(tmp_path / "plm"), "--dataset_name", str(corpus)]) == 1
+    assert "is a permutation LM (bidirectional, attn_type 'bi', pretrained with --objective plm); expected a causal " \
+           "LM (attn_type 'uni')" in capsys.readouterr().err
+
+
 def test_max_eval_tokens(checkpoint):
     _, corpus, _, tokenizer = checkpoint
     args = (tokenizer, str(corpus), None, "validation", "text")

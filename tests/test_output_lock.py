@@ -65,3 +65,31 @@ def test_the_lock_is_free_again_after_a_normal_end(tmp_path):
         with pytest.raises(OutputDirLockedError):
             OutputDirLock(tmp_path).acquire()  # a second open file description: flock conflicts within a process too
     OutputDirLock(tmp_path).acquire().release()
+
+
+def test_fine_tuning_on_a_locked_output_dir_is_refused_before_it_writes(holder, tmp_path):
+    from modeling_xl.finetuning import FinetuneArguments, run_finetuning
+
+    out, process = holder
+    for name in ("train.tsv", "dev.tsv"):
+        (tmp_path / name).write_text("sentence\tlabel\ngood\t1\n")
+    args = FinetuneArguments(model_name_or_path=str(tmp_path), output_dir=str(out),
+                             train_file=str(tmp_path / "train.tsv"), validation_file=str(tmp_path / "dev.tsv"),
+                             disable_tqdm=True)
+    with pytest.raises(OutputDirLockedError, match=rf"output_dir='{out}' is in use by another run \(process "
+                                                    rf"{process.pid}"):
+        run_finetuning(args)
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
+
+
+def test_folders_the_lock_made_go_again_when_nothing_was_written(tmp_path):
+    new = tmp_path / "a" / "b"
+    OutputDirLock(new).acquire().release()  # a run that failed before writing anything
+    assert not (tmp_path / "a").exists()
+    with OutputDirLock(new):
+        (new / "model.safetensors").write_text("x")
+    assert (new / "model.safetensors").is_file()  # what a run wrote stays
+    existing = tmp_path / "mine"
+    existing.mkdir()
+    OutputDirLock(existing).acquire().release()
+    assert existing.is_dir()  # the user's own (empty) folder stays

@@ -194,6 +194,20 @@ def test_memory_is_reuse_part_of_each_layer_input():
     assert model(x, perm_mask, target_mapping, reuse_len=5).mems[0].shape == (2, 5, 16)
 
 
+def test_a_saved_reuse_len_longer_than_the_input_keeps_every_token():
+    # a model pretrained with reuse_len 12 (config) still reads an 8-token input: its memory is all 8 tokens, as
+    # transformers' XLNet gives; an explicit reuse_len must fit
+    model = plm_model(mem_len=10, reuse_len=12)
+    x = torch.randint(0, V, (2, 8))
+    perm_mask, target_mapping = order_masks(torch.stack([torch.randperm(8) for _ in range(2)]), 2)
+    out = model(x, perm_mask, target_mapping, output_hidden_states=True)
+    for mem, (h, _) in zip(out.mems, out.hidden_states[:-1]):
+        torch.testing.assert_close(mem, h)
+    assert model(x[:, :6], perm_mask[:, :6, :6], target_mapping[:, :, :6]).mems[0].shape == (2, 6, 16)
+    with pytest.raises(ValueError, match=r"reuse_len=12 does not fit seq_len=8"):
+        model(x, perm_mask, target_mapping, reuse_len=12)
+
+
 def test_loss_is_masked_mean_of_target_cross_entropy():
     model = plm_model()
     x = torch.randint(0, V, (2, 8))
@@ -294,7 +308,7 @@ def test_bad_config_and_odd_batch_with_bi_data():
     with pytest.raises(ValueError, match="batch size 1 is odd; bi_data=True expects an even batch"):
         plm_model(bi_data=True)(x[:1], perm_mask[:1], target_mapping[:1])
     with pytest.raises(ValueError, match=r"reuse_len=12 does not fit seq_len=8"):
-        plm_model(reuse_len=12)(x, perm_mask, target_mapping)
+        plm_model()(x, perm_mask, target_mapping, reuse_len=12)
     with pytest.raises(ValueError, match="reuse_len=0 is invalid"):
         TransformerXLConfig(reuse_len=0)
     with pytest.raises(ValueError, match=r"cutoffs=\[20, 40\].*expected adaptive=False"):

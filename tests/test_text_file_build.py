@@ -83,6 +83,7 @@ ODD_FILES = {
     "non_ascii": "caf\u00e9 na\u00efve \u4e2d\u6587 \U0001f600\n\ufeffbom word\n<sep>inside x<cls> <sep>\n",
     "blank_lines": "\n\n\nword\n\n",
     "cr_only": "a b\rc d\r\re\r",
+    "bom_first": "\ufeffthe first word\nsecond\n",  # dropped at the start of a file, kept elsewhere, as both read it
 }
 
 

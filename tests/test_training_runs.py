@@ -243,3 +243,8 @@ def test_real_script_with_two_processes_finishes_and_writes_one_folder(workdir):
     assert state["num_processes"] == 2 and state["step"] == 6
     assert (out / "checkpoints" / "step_0000006" / "memories_rank1.safetensors").is_file()
     assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
+    # a character tokenizer has no end token: generation must not stop at its id 0 (a character), the config default
+    from modeling_xl import TransformerXLConfig
+
+    assert TransformerXLConfig.from_pretrained(out).eos_token_id is None
+    assert json.loads((out / "generation_config.json").read_text()).get("eos_token_id") is None

@@ -449,3 +449,11 @@ def test_plm_bi_data_gives_every_process_and_chunk_forward_rows_then_their_backw
     assert sorted(seen) == list(range(8))  # every layout row once
     with pytest.raises(ValueError, match="train_batch_size / 2 = 4 to be a multiple of 8"):
         bidirectional_row_order(8, 8)
+
+
+def test_the_end_token_of_a_pretrained_config_comes_from_the_tokenizer():
+    from modeling_xl.training.models import build_config
+
+    args = parse_args(["--preset", "debug"])
+    assert build_config(args, 52, eos_token_id=7).eos_token_id == 7  # a word-level or Unigram tokenizer's end token
+    assert build_config(args, 52, eos_token_id=None).eos_token_id is None  # char/byte level: none, not id 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import codecs
 import hashlib
+import logging
 import sys
 import sysconfig
 import zlib
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import datasets
 import pyarrow.compute as pc
+
+logger = logging.getLogger(__name__)
 
 BUILTIN_NAMES = ("builtin", "stdlib-docs")
 BUILTIN_VERSION = "1"
@@ -41,7 +44,7 @@ def load_corpus(source: str | Path, config: str | None = None, *, text_column: s
         corpus = _load_local(path, cache_dir)
     else:
         corpus = _load_hub(str(source), config, cache_dir)
-    check_corpus(corpus, text_column, str(source))
+    check_corpus(corpus, text_column, str(source), single_file=path.is_file())
     return corpus
 
 
@@ -65,6 +68,11 @@ def ordered_splits(names) -> list[str]:
     return sorted(names, key=lambda name: (rank.get(name, 3), name))
 
 
+# how plain-text files are read (the `text` builder): one row per line without its line end, and a UTF-8 byte order
+# mark at the start of a file dropped (Windows editors write one; kept, it would glue itself to the first word)
+TEXT_OPTIONS = {"keep_linebreaks": False, "encoding": "utf-8-sig"}
+
+
 def split_files(path: Path) -> dict[str, Path]:
     if path.is_file():
         return {"train": path}
@@ -76,6 +84,12 @@ def split_files(path: Path) -> dict[str, Path]:
     if "train" not in files:
         raise ValueError(f"folder {path} has no train file; expected train/valid/test files with one of the "
                          f"extensions {sorted(BUILDERS)}")
+    # corpus files the naming rule leaves out (more_train.txt beside train.txt): said, not silently dropped
+    ignored = sorted(file.name for file in path.iterdir()
+                     if file.is_file() and file.suffix in BUILDERS and file not in files.values())
+    if ignored:
+        logger.warning("folder %s: reading %s; ignoring %s (only files named train/valid/test are read)", path,
+                       ", ".join(f.name for f in files.values()), ", ".join(ignored))
     return {split: files[split] for split in ordered_splits(files)}
 
 
@@ -91,7 +105,7 @@ def _load_local(path: Path, cache_dir: str | None) -> datasets.DatasetDict:
             raise ValueError(f"{file} is empty (0 bytes); expected a corpus file with at least one line of text")
         if file.suffix != ".parquet":
             check_utf8(file)
-    options = {"keep_linebreaks": False} if BUILDERS[suffix] == "text" else {}
+    options = dict(TEXT_OPTIONS) if BUILDERS[suffix] == "text" else {}
     if suffix == ".tsv":
         options["delimiter"] = "\t"
     return load_split_files(BUILDERS[suffix], files, cache_dir=cache_dir, **options)
@@ -126,18 +140,21 @@ def check_utf8(path: Path, chunk_bytes: int = 1 << 20) -> None:
         raise ValueError(f"{path} ends inside a UTF-8 character; expected a UTF-8 text file") from error
 
 
-def check_corpus(corpus: datasets.DatasetDict, text_column: str, name: str) -> None:
-    """ValueError when the text column is missing or the training split has no text."""
+def check_corpus(corpus: datasets.DatasetDict, text_column: str, name: str, single_file: bool = False) -> None:
+    """ValueError when the text column is missing or the training split has no text (`single_file`: the corpus is
+    one file, loaded as its "train" split, whatever role the caller gives it: the messages name no split)."""
     if "train" not in corpus:
         raise ValueError(f"corpus {name!r} has splits {sorted(corpus)}; expected a 'train' split")
     for split, data in corpus.items():
         if text_column not in data.column_names:
-            raise ValueError(f"corpus {name!r} split {split!r} has columns {data.column_names}; expected a text "
-                             f"column {text_column!r} (pass text_column=...)")
+            where = f"corpus {name!r}" if single_file else f"corpus {name!r} split {split!r}"
+            raise ValueError(f"{where} has columns {data.column_names}; expected a text column {text_column!r} "
+                             "(pass text_column=...)")
     train = corpus["train"]
     if train.num_rows == 0 or not any(_has_text(chunk) for chunk in train.data.column(text_column).chunks):
-        raise ValueError(f"corpus {name!r} has an empty training split ({train.num_rows} rows, no text); expected "
-                         f"at least one non-empty line")
+        what = "no text" if single_file else "an empty training split"
+        raise ValueError(f"corpus {name!r} has {what} ({train.num_rows} rows, all blank); expected at least one "
+                         "non-empty line")
 
 
 def _has_text(chunk, rows: int = 100_000) -> bool:

@@ -23,6 +23,8 @@ being it), that piece is encoded by the Rust tokenizer instead, as `encode_lines
 
 from __future__ import annotations
 
+import codecs
+
 import multiprocessing
 import os
 import re
@@ -53,10 +55,13 @@ class Piece:
 # ---- reading -------------------------------------------------------------------------------------------------------
 
 def read_piece(piece: Piece) -> bytes:
-    """The piece's text with Python's text-mode line ends ("\\r\\n" and "\\r" read as "\\n"), checked to be UTF-8."""
+    """The piece's text with Python's text-mode line ends ("\\r\\n" and "\\r" read as "\\n"), checked to be UTF-8;
+    a byte order mark at the start of the file is dropped (as `corpora.TEXT_OPTIONS` reads it)."""
     with open(piece.file, "rb") as handle:
         handle.seek(piece.start)
         text = handle.read(piece.end - piece.start)
+    if piece.start == 0 and text.startswith(codecs.BOM_UTF8):
+        text = text[len(codecs.BOM_UTF8):]
     if b"\r" in text:
         text = text.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     try:

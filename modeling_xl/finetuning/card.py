@@ -52,7 +52,7 @@ def classification_card(args: FinetuneArguments, task: Task, results: dict, base
     `compare_with` run), the hyperparameters."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-    dataset = args.dataset_name or Path(args.train_file).parent.name
+    dataset = args.dataset_name or Path(args.train_file).resolve().parent.name  # the folder the files are in
     name = Path(args.output_dir).name
     evals = [EvalResult(task_type="text-classification", dataset_type=dataset, dataset_name=dataset,
                         dataset_config=args.dataset_config_name, dataset_split="validation", metric_type=metric_type,

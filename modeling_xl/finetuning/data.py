@@ -23,8 +23,11 @@ from ..data.corpora import load_split_files
 from .arguments import BUILTIN_TASKS, FinetuneArguments
 from .labels import LabelSpace, build_label_space
 
-LOCAL_BUILDERS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t", "quoting": 3}), ".json": ("json", {}),
-                  ".jsonl": ("json", {})}
+# CSV/TSV: an empty cell and a numeric "nan" / "NaN" are missing; pandas' other default missing markers ("NA",
+# "N/A", "None", "null", "<NA>", ...) are kept as the texts and labels they are (a class named "NA" stays a class)
+_CSV_CELLS = {"keep_default_na": False, "na_values": ["", "nan", "NaN"]}
+LOCAL_BUILDERS = {".csv": ("csv", dict(_CSV_CELLS)), ".tsv": ("csv", {"delimiter": "\t", "quoting": 3, **_CSV_CELLS}),
+                  ".json": ("json", {}), ".jsonl": ("json", {})}
 
 
 def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
@@ -58,7 +61,33 @@ def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
         raise ValueError(f"train/validation files have suffixes {sorted(suffixes)}; expected both .csv, .tsv, .json "
                          "or .jsonl")
     builder, options = LOCAL_BUILDERS[next(iter(suffixes))]
-    return load_split_files(builder, files, **options)
+    expected = "expected a header row and at least one example" if builder == "csv" else "expected at least one example"
+    raw = {}
+    for split, path in files.items():
+        argument = f"{split}_file={path!r}"
+        if Path(path).stat().st_size == 0:
+            raise ValueError(f"{argument} is empty (0 bytes); {expected}")
+        if builder == "csv" and _lines_with_text(path, 2) < 2:
+            raise ValueError(f"{argument} holds a header but no rows; {expected}")
+        try:
+            raw[split] = load_split_files(builder, {split: path}, **options)[split]
+        except Exception as error:  # datasets' own message names neither the argument nor the file
+            raise ValueError(f"{argument} could not be read as {Path(path).suffix.lower()[1:].upper()} "
+                             f"({type(error).__name__}: {error}); {expected}") from error
+        if len(raw[split]) == 0:
+            raise ValueError(f"{argument} has no rows; {expected}")
+    return datasets.DatasetDict(raw)
+
+
+def _lines_with_text(path, at_most: int) -> int:
+    """How many lines of `path` hold more than whitespace, counting up to `at_most`."""
+    found = 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            found += bool(line.strip())
+            if found >= at_most:
+                break
+    return found
 
 
 def row_namer(args: FinetuneArguments, column: str):

@@ -17,9 +17,10 @@ import torch
 
 from tokenization import check_vocab_matches
 
-from ..runs import StepLog, check_output_dir, clear_run_records, end_run, keep_freed_host_memory
+from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run, keep_freed_host_memory
 from ..training.checkpointing import read_training_state
 from ..training.engines import refuse_split_world
+from ..training.output_guard import OutputDirLock, check_foreign_files, check_replaceable, is_launch_main_process
 from .arguments import RESULTS_FILE, FinetuneArguments, validate
 from .card import save_model, save_records
 from .checkpoints import (check_compatible, checkpoint_rng, earlier_run, read_checkpoint_rng, resolve_checkpoint,
@@ -29,6 +30,12 @@ from .labels import LabelSpace
 from .tasks import MetricError, Task, task_for
 
 logger = logging.getLogger(__name__)
+
+# what the final save of a fine-tuning run writes at the top of its output folder (`save_model`, `save_records`, the
+# step log); the remote code (`*.py`) that save_pretrained copies is checked as well
+FINAL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "README.md", LOG_FILE,
+               RESULTS_FILE)
 
 
 def build_model(args: FinetuneArguments, labels: LabelSpace):
@@ -73,17 +80,27 @@ def evaluate_model(accelerator, model, dataloader, task: Task, args=None) -> dic
 def run_finetuning(args: FinetuneArguments) -> dict:
     """Fine-tune, save model + tokenizer, evaluate on the dev split, save results + model card; returns the results.
     On the CPU it sets glibc's malloc to keep freed memory for the rest of the process (`runs.keep_freed_host_memory`).
+    The output folder is locked for the whole run (`output_guard.OutputDirLock`): a second run there is refused
+    instead of mixing its checkpoints and log with this one's. A folder holding somebody's model, tokenizer or card
+    but no earlier run is refused unless `overwrite_output_dir` (`output_guard.check_foreign_files`).
     """
+    validate(args)
+    with OutputDirLock(args.output_dir, enabled=is_launch_main_process()):
+        return _run_finetuning(args)
+
+
+def _run_finetuning(args: FinetuneArguments) -> dict:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
     from transformers import AutoTokenizer, get_scheduler
 
-    validate(args)
     resuming = args.resume_from_checkpoint is not None
     check_output_is_not_an_input(args)
     output_dir = check_output_dir(args.output_dir, lambda folder: earlier_run(folder, RESULTS_FILE), resuming=resuming,
                                   overwrite=args.overwrite_output_dir)
+    check_foreign_files(output_dir, bool(earlier_run(output_dir, RESULTS_FILE)), args.overwrite_output_dir)
+    check_replaceable(output_dir, FINAL_FILES)
     if args.overwrite_output_dir:
         check_inputs_survive(args, [output_dir / name for name in earlier_run(output_dir, RESULTS_FILE)])
     resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint) if resuming else None

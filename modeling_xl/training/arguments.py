@@ -291,6 +291,9 @@ def validate(args: PretrainArguments) -> None:
         raise ValueError(f"dataset_name={args.dataset_name!r} and train_file={args.train_file!r} are both set; expected one")
     for name in ("train_file", "validation_file"):
         path = getattr(args, name)
+        if path is not None and os.path.isdir(path):
+            raise ValueError(f"{name}={path!r} is a folder; expected a local text/json/csv/parquet file (for a folder "
+                             "of train/valid/test files pass it as --dataset_name)")
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"{name}={path!r} does not exist; expected an existing local text/json/csv/parquet file")
     for name in ("model_name_or_path", "config_name", "tokenizer_name"):

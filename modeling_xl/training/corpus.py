@@ -29,11 +29,16 @@ def load_splits(args):
     name = "train_file" if args.train_file else "dataset_name"
     try:
         corpus = load_corpus(source, args.dataset_config_name, text_column=args.text_column)
-        if args.validation_file:
-            validation = load_corpus(args.validation_file, text_column=args.text_column)["train"]
-            corpus = datasets.DatasetDict({**corpus, "validation": validation})
     except OSError as error:
         raise ValueError(f"{name}={source!r} could not be loaded: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"{name}={source!r}: {error}") from None
+    if args.validation_file:
+        try:
+            validation = load_corpus(args.validation_file, text_column=args.text_column)["train"]
+        except (OSError, ValueError) as error:
+            raise ValueError(f"validation_file={args.validation_file!r}: {error}") from None
+        corpus = datasets.DatasetDict({**corpus, "validation": validation})
     if "validation" not in corpus:
         rows = corpus["train"].num_rows
         held_out = max(1, int(rows * VALIDATION_FRACTION))

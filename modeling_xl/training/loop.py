@@ -112,7 +112,7 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
                       **plm_settings(args))
     if saved is not None:  # still before anything is written or loaded
         check_same_stream(saved, stream, resume_from)
-    config = build_config(args, stream["tokenizer_vocab_size"])
+    config = build_config(args, stream["tokenizer_vocab_size"], data.tokenizer.eos_token_id)
     objective = objective_for(args, data)
     model = build_model(args, config, objective.model_class)
     check_engine(accelerator, args, model)

@@ -13,12 +13,15 @@ from ..size_estimate import check_model_fits
 logger = logging.getLogger(__name__)
 
 
-def build_config(args, vocab_size: int) -> TransformerXLConfig:
+def build_config(args, vocab_size: int, eos_token_id: int | None = None) -> TransformerXLConfig:
     """The architecture: a preset resized to the tokenizer, or a given config/checkpoint (whose vocabulary must match).
 
-    The training recurrence (`mem_len`, `clamp_len`, `same_length`) and dropout come from the arguments.
+    The training recurrence (`mem_len`, `clamp_len`, `same_length`) and dropout come from the arguments, the end of
+    text (`eos_token_id`, where `generate` stops) from the tokenizer: None for one without an end token (character
+    and byte level), whose id 0 is an ordinary symbol (a space, a byte), not the configuration's default.
     """
-    overrides = {"mem_len": args.mem_len, "clamp_len": args.clamp_len, "same_length": args.same_length}
+    overrides = {"mem_len": args.mem_len, "clamp_len": args.clamp_len, "same_length": args.same_length,
+                 "eos_token_id": eos_token_id}
     overrides.update({k: getattr(args, k) for k in ("dropout", "dropatt") if getattr(args, k) is not None})
     architecture = {}
     if args.objective == "plm":

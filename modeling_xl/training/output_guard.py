@@ -4,6 +4,8 @@ user's files, and every file it will replace checked before the first step.
 - `OutputDirLock`: an exclusive `flock` on `<output_dir>/.run.lock` for the run's lifetime. The kernel drops the lock
   when the process ends, however it ends (exit, exception, SIGKILL), so a lock file left by a dead run never blocks.
   A run that ends normally removes the file; one killed leaves it behind, unlocked, for the next run to take over.
+  Folders the lock had to create are removed again on release if they are still empty (a run that failed before
+  writing anything leaves nothing behind).
   Only the launch's main process (global rank 0) takes it: the other ranks of the same run write where it tells them.
 - `check_not_a_source`: output_dir must not be the folder of the model, config or tokenizer the run starts from.
 - `check_foreign_files`: a folder that holds no earlier run but a model, tokenizer or card (`config.json`,
@@ -45,6 +47,7 @@ class OutputDirLock:
         self.path = Path(output_dir) / LOCK_FILE
         self.enabled = enabled
         self._handle = None
+        self._created: list[Path] = []  # the folders `_open` made, deepest first
 
     def acquire(self) -> "OutputDirLock":
         if not self.enabled:
@@ -85,10 +88,21 @@ class OutputDirLock:
                 pass
             self._handle.close()  # closing the descriptor releases the flock
             self._handle = None
+            for folder in self._created:  # only empty ones: whatever a run wrote stays
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+            self._created = []
 
     def _open(self):
+        folder, missing = self.path.parent, []
+        while not folder.exists() and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._created = self._created or missing
             return open(self.path, "a+")
         except OSError as error:
             raise ValueError(f"output_dir={str(self.path.parent)!r} is not writable ({error.strerror or error}); "

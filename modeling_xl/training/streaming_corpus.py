@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.corpora import BUILDERS, SPLIT_ALIASES
+from ..data.corpora import BUILDERS, SPLIT_ALIASES, TEXT_OPTIONS
 from ..data.streams import EvalStreams, StreamingOrderedStreams
 from .data import PretrainData, tokenizer_vocab_size
 
@@ -58,7 +58,7 @@ def streaming_splits(source: str, config: str | None, text_column: str) -> dict:
                              f"extensions {sorted(BUILDERS)} (optionally compressed)")
         splits = {}
         for split, (builder, file) in files.items():
-            options = {"keep_linebreaks": False} if builder == "text" else {}
+            options = dict(TEXT_OPTIONS) if builder == "text" else {}
             if file.name.removesuffix("".join(s for s in file.suffixes if s in COMPRESSIONS)).endswith(".tsv"):
                 options["delimiter"] = "\t"
             splits[split] = datasets.load_dataset(builder, data_files={split: str(file)}, split=split,
