@@ -11,7 +11,9 @@ After two warm-up steps, `--steps` plain steps (their median is the step's wall 
 no guide on this CPU: it inflated the self time of parallel kernels up to 5x). Operators are grouped (matrix
 products, optimizer, random draws, softmax, copies and fills, views and allocation, the rest); what the wall time
 holds beyond the operators' own time is the time outside them (Python, autograd, dispatch), `wall - sum of operator
-times`: a difference of two measurements, within their noise of either sign.
+times`: a difference of two measurements, within their noise of either sign. The timer's own per-call cost (a few
+microseconds of Python around each call) is counted inside the operators' time: it overstates groups of many small
+calls (views and allocation most) and understates the time outside by as much.
 `--replay-matmuls` adds the step's matrix products replayed alone at their own shapes (common.replayed_matmul_seconds):
 the products' own cost, against which the time they take inside the step and the non-product rest are read (issue 22:
 step <= 1.25x the replay). `--floor` (causal presets) adds the framework floor: the same model (layers, heads,

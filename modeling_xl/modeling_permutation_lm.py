@@ -204,7 +204,8 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
     ) -> TransformerXLModelOutput | tuple:
         """`reuse_len` is how many leading tokens feed the next memory (None: all T). Left out, it is
         `config.reuse_len` (what pretraining used) where that fits the input (0 < reuse_len < seq_len), and all T for
-        a shorter input, as transformers' XLNet does; given explicitly, it must fit.
+        a shorter input, as transformers' XLNet does; given explicitly, it must fit (checked where there is a
+        memory to feed, mem_len > 0).
         `table_gradient` (internal, from `TransformerXLForPermutationLM`): see `adaptive_softmax.TableGradient`."""
         cfg = self.config
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions

@@ -74,10 +74,15 @@ def load(args):
     from tokenization import check_vocab_matches
 
     check_tokenizer_source(folder, args.tokenizer_name)
-    config = json.loads((folder / "config.json").read_text())
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"model_name_or_path={args.model_name_or_path!r}: config.json is not valid JSON ({error}); "
+                         "expected the file save_pretrained writes") from None
     if config.get("attn_type") == "bi":
         raise ValueError(f"model_name_or_path={args.model_name_or_path!r} is a permutation LM (bidirectional, "
-                         "attn_type 'bi', pretrained with --objective plm); expected a causal LM (attn_type 'uni'): "
+                         "attn_type 'bi': pretrained with --objective plm, or converted from XLNet); expected a causal "
+                         "LM (attn_type 'uni'): "
                          "this script scores left-to-right perplexity, which a permutation LM does not define (its "
                          "pretraining run reports its own validation loss in eval_results.json)")
     model = AutoModelForCausalLM.from_pretrained(folder).eval()

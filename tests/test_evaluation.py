@@ -196,8 +196,11 @@ def test_evaluate_lm_script_names_a_permutation_lm_folder(checkpoint, tmp_path, 
     TransformerXLForPermutationLM(config).save_pretrained(tmp_path / "plm")
     tokenizer.save_pretrained(tmp_path / "plm")
     assert load_script("evaluate_lm").main([str(tmp_path / "plm"), "--dataset_name", str(corpus)]) == 1
-    assert "is a permutation LM (bidirectional, attn_type 'bi', pretrained with --objective plm); expected a causal " \
-           "LM (attn_type 'uni')" in capsys.readouterr().err
+    assert "is a permutation LM (bidirectional, attn_type 'bi': pretrained with --objective plm, or converted from " \
+           "XLNet); expected a causal LM (attn_type 'uni')" in capsys.readouterr().err
+    (tmp_path / "plm" / "config.json").write_text('{"attn_type": "bi",')
+    assert load_script("evaluate_lm").main([str(tmp_path / "plm"), "--dataset_name", str(corpus)]) == 1
+    assert "config.json is not valid JSON" in capsys.readouterr().err
 
 
 def test_max_eval_tokens(checkpoint):

@@ -358,6 +358,60 @@ def test_bad_arguments_are_named_before_anything_is_written(tmp_path, lm_checkpo
     assert not (tmp_path / "out").exists()
 
 
+def test_a_folder_holding_somebodys_files_is_refused_and_left_as_it_was(tmp_path, lm_checkpoint):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("my project notes\n")
+    with pytest.raises(ValueError, match=r"output_dir='.*out' holds README.md but no earlier run; the final save would "
+                                         r"replace them; expected an empty or new folder, or --overwrite_output_dir"):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint))
+    assert sorted(p.name for p in out.iterdir()) == ["README.md"]
+    assert (out / "README.md").read_text() == "my project notes\n"
+
+
+@pytest.mark.parametrize("content, match", [
+    ("", r"train_file='.*train.tsv' is empty \(0 bytes\); expected a header row and at least one example"),
+    ("sentence\tlabel\n\n", r"train_file='.*train.tsv' holds a header but no rows; expected a header row and at "
+                           r"least one example"),
+    ("\n \n", r"train_file='.*train.tsv' holds only blank lines; expected a header row"),
+])
+def test_an_empty_or_header_only_file_is_named_and_nothing_is_written(tmp_path, lm_checkpoint, content, match):
+    args = finetune_args(tmp_path, lm_checkpoint)
+    Path(args.train_file).write_text(content)
+    with pytest.raises(ValueError, match=match):
+        run_finetuning(args)
+    assert not (tmp_path / "out").exists()  # the folder the run made is gone again
+
+
+def test_na_none_and_null_are_labels_and_texts_an_empty_cell_is_missing(tmp_path, lm_checkpoint):
+    from modeling_xl.finetuning.data import check_rows, load_raw_datasets
+
+    args = finetune_args(tmp_path, lm_checkpoint)
+    write_tsv(Path(args.train_file), [("north america", "NA"), ("None", "positive"), ("null", "N/A"), ("x", "NA")])
+    write_tsv(Path(args.validation_file), [("south", "N/A")])
+    labels, _ = check_rows(load_raw_datasets(args), args)
+    assert labels.names == ["N/A", "NA", "positive"]
+    write_tsv(Path(args.train_file), [("good", "NA"), ("", "positive")])
+    with pytest.raises(ValueError, match=r"train_file='.*train.tsv', row 2, column 'sentence': the text is empty"):
+        check_rows(load_raw_datasets(args), args)
+    # among numbers a marker is what it looks like: a missing label (the column would otherwise be read as classes)
+    for rows in ([("a", 1.5), ("b", "NA"), ("c", 2.25)], [("a", 0), ("b", 1), ("c", "null")]):
+        write_tsv(Path(args.train_file), rows)
+        write_tsv(Path(args.validation_file), [("d", 1)])
+        with pytest.raises(ValueError, match=r"train_file='.*train.tsv', row \d, column 'label': the label is missing "
+                                             r"\('(NA|null)' among numbers\)"):
+            check_rows(load_raw_datasets(args), args)
+
+
+def test_card_names_the_data_folder_for_files_given_without_a_folder(tmp_path, lm_checkpoint, monkeypatch, one_thread):
+    args = finetune_args(tmp_path, lm_checkpoint, max_train_steps=2, eval_steps=None, checkpointing_steps=None)
+    monkeypatch.chdir(tmp_path)
+    args.train_file, args.validation_file = Path(args.train_file).name, Path(args.validation_file).name
+    run_finetuning(args)
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"name: {tmp_path.name}" in card and "name: ''" not in card
+
+
 def test_hub_dataset_goes_through_load_dataset_and_fails_offline_with_a_clear_message(tmp_path, monkeypatch):
     import datasets
 

@@ -457,3 +457,16 @@ def test_the_end_token_of_a_pretrained_config_comes_from_the_tokenizer():
     args = parse_args(["--preset", "debug"])
     assert build_config(args, 52, eos_token_id=7).eos_token_id == 7  # a word-level or Unigram tokenizer's end token
     assert build_config(args, 52, eos_token_id=None).eos_token_id is None  # char/byte level: none, not id 0
+
+
+def test_a_model_continued_from_a_saved_one_generates_up_to_the_new_tokenizers_end_token(tmp_path):
+    from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+    from modeling_xl.training.models import build_config, build_model
+
+    saved = TransformerXLForCausalLM(TransformerXLConfig.from_preset("debug", vocab_size=52, adaptive=False,
+                                                                     eos_token_id=5))
+    saved.save_pretrained(tmp_path / "saved")
+    assert saved.generation_config.eos_token_id == 5
+    args = parse_args(["--preset", "debug", "--model_name_or_path", str(tmp_path / "saved")])
+    model = build_model(args, build_config(args, 52, eos_token_id=None))  # now a char-level tokenizer: no end token
+    assert model.config.eos_token_id is None and model.generation_config.eos_token_id is None

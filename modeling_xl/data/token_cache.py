@@ -35,7 +35,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: a text file's opening byte order mark is dropped (entries of 1 may hold it)
 COMPLETE = "COMPLETE"
 META = "meta.json"
 

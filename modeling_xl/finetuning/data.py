@@ -68,9 +68,12 @@ def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
         if Path(path).stat().st_size == 0:
             raise ValueError(f"{argument} is empty (0 bytes); {expected}")
         if builder == "csv" and _lines_with_text(path, 2) < 2:
-            raise ValueError(f"{argument} holds a header but no rows; {expected}")
+            found = "holds a header but no rows" if _lines_with_text(path, 1) else "holds only blank lines"
+            raise ValueError(f"{argument} {found}; {expected}")
         try:
             raw[split] = load_split_files(builder, {split: path}, **options)[split]
+        except OSError:
+            raise
         except Exception as error:  # datasets' own message names neither the argument nor the file
             raise ValueError(f"{argument} could not be read as {Path(path).suffix.lower()[1:].upper()} "
                              f"({type(error).__name__}: {error}); {expected}") from error

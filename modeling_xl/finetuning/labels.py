@@ -38,6 +38,38 @@ def is_missing(value) -> bool:
         isinstance(value, str) and not value.strip())
 
 
+# pandas' default missing-value markers, which CSV/TSV loading keeps as text (finetuning/data.py) so that a class named
+# "NA" stays a class; in a column whose other labels are all numbers they are what they look like: missing labels
+NA_MARKERS = frozenset({"NA", "N/A", "n/a", "NULL", "null", "None", "<NA>", "#N/A", "#N/A N/A", "#NA", "-NaN", "-nan",
+                        "1.#IND", "1.#QNAN", "-1.#IND", "-1.#QNAN"})
+
+
+def _is_number(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def check_markers_among_numbers(splits: dict[str, list], describe) -> None:
+    """ValueError naming the first row whose label is a missing-value marker ("NA", "null", ...) in a split whose other
+    labels are all numbers (with the marker, the file's column was read as text)."""
+    for split, raw in splits.items():
+        marked = [(row, v) for row, v in enumerate(raw) if isinstance(v, str) and v.strip() in NA_MARKERS]
+        if not marked:
+            continue
+        others = [v for v in raw if not is_missing(v) and not (isinstance(v, str) and v.strip() in NA_MARKERS)]
+        if others and all(_is_number(v) for v in others):
+            row, value = marked[0]
+            raise ValueError(f"{describe(split, row + 1)}: the label is missing ({value!r} among numbers); expected a "
+                             "label in every row")
+
+
 def infer_problem_type(values: list) -> str:
     """transformers' reading of labels, applied to a column: lists -> multi label, fractional numbers -> regression."""
     if any(isinstance(v, (list, tuple)) for v in values):
@@ -94,6 +126,7 @@ def build_label_space(splits: dict[str, list], problem_type: str | None, delimit
     """(label space from the training labels, {split: targets}). `splits` holds each split's raw label column
     ("train" first); `describe(split, row)` names a row for errors ("train_file='x.csv', row 3, column 'label'");
     `class_names` (a `datasets.ClassLabel`'s names) names integer classes."""
+    check_markers_among_numbers(splits, describe)
     problem_type = problem_type or infer_problem_type([v for v in splits["train"] if not is_missing(v)])
     values = {split: [normalise(v, problem_type, delimiter, describe(split, row + 1)) for row, v in enumerate(raw)]
               for split, raw in splits.items()}

@@ -20,7 +20,8 @@ from tokenization import check_vocab_matches
 from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run, keep_freed_host_memory
 from ..training.checkpointing import read_training_state
 from ..training.engines import refuse_split_world
-from ..training.output_guard import OutputDirLock, check_foreign_files, check_replaceable, is_launch_main_process
+from ..training.output_guard import (MODEL_FILES, OutputDirLock, check_foreign_files, check_replaceable,
+                                     is_launch_main_process)
 from .arguments import RESULTS_FILE, FinetuneArguments, validate
 from .card import save_model, save_records
 from .checkpoints import (check_compatible, checkpoint_rng, earlier_run, read_checkpoint_rng, resolve_checkpoint,
@@ -31,11 +32,9 @@ from .tasks import MetricError, Task, task_for
 
 logger = logging.getLogger(__name__)
 
-# what the final save of a fine-tuning run writes at the top of its output folder (`save_model`, `save_records`, the
-# step log); the remote code (`*.py`) that save_pretrained copies is checked as well
-FINAL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json",
-               "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "README.md", LOG_FILE,
-               RESULTS_FILE)
+# what the final save of a fine-tuning run writes at the top of its output folder: the model files, the step log, the
+# results (`save_model`, `save_records`)
+FINAL_FILES = (*MODEL_FILES, LOG_FILE, RESULTS_FILE)
 
 
 def build_model(args: FinetuneArguments, labels: LabelSpace):

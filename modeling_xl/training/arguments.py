@@ -292,8 +292,8 @@ def validate(args: PretrainArguments) -> None:
     for name in ("train_file", "validation_file"):
         path = getattr(args, name)
         if path is not None and os.path.isdir(path):
-            raise ValueError(f"{name}={path!r} is a folder; expected a local text/json/csv/parquet file (for a folder "
-                             "of train/valid/test files pass it as --dataset_name)")
+            hint = " (for a folder of train/valid/test files pass it as --dataset_name)" if name == "train_file" else ""
+            raise ValueError(f"{name}={path!r} is a folder; expected a local text/json/csv/parquet file{hint}")
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"{name}={path!r} does not exist; expected an existing local text/json/csv/parquet file")
     for name in ("model_name_or_path", "config_name", "tokenizer_name"):

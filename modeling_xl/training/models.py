@@ -65,6 +65,8 @@ def build_model(args, config: TransformerXLConfig, model_class=None):
     check_model_fits(config, training=True)  # weights, gradients and Adam's moments, before any is allocated
     if args.model_name_or_path is not None:
         model = model_class.from_pretrained(args.model_name_or_path, config=config)
+        # the saved generation_config.json of the source model may hold another end token (build_config's)
+        model.generation_config.eos_token_id = config.eos_token_id
     else:
         model = model_class(config)
     if args.gradient_checkpointing:

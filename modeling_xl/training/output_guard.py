@@ -21,12 +21,14 @@ from pathlib import Path
 
 LOCK_FILE = ".run.lock"
 
-# what the final save of a run writes at the top of its output folder (save_pretrained of model and tokenizer, the
-# run's records, the card); `*.py` files (the remote code save_pretrained copies) are checked as well
-FINAL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+# what save_pretrained of a model and its tokenizer, and the card, write at the top of an output folder (pretraining
+# and fine-tuning alike); `*.py` files (the remote code save_pretrained copies) are checked as well
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
                "pytorch_model.bin", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-               "chat_template.jinja", "README.md", "eval_results.json", "train_log.jsonl", "loss_curve.png",
-               "training_config.yaml", "training_config.json")
+               "chat_template.jinja", "README.md")
+# what the final save of a pretraining run writes: the model files and the run's records
+FINAL_FILES = (*MODEL_FILES, "eval_results.json", "train_log.jsonl", "loss_curve.png", "training_config.yaml",
+               "training_config.json")
 # what marks a folder as holding somebody's model, tokenizer or model card
 FOREIGN_MARKERS = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                    "tokenizer.json", "tokenizer_config.json", "README.md")
@@ -96,17 +98,22 @@ class OutputDirLock:
             self._created = []
 
     def _open(self):
-        folder, missing = self.path.parent, []
-        while not folder.exists() and folder != folder.parent:
-            missing.append(folder)
-            folder = folder.parent
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._created = self._created or missing
-            return open(self.path, "a+")
-        except OSError as error:
-            raise ValueError(f"output_dir={str(self.path.parent)!r} is not writable ({error.strerror or error}); "
-                             "expected a folder you can write to") from None
+        for attempt in range(3):  # a run releasing the folder may remove it between our mkdir and open: again
+            folder, missing = self.path.parent, []
+            while not folder.exists() and folder != folder.parent:
+                missing.append(folder)
+                folder = folder.parent
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._created = self._created or missing
+                return open(self.path, "a+")
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise ValueError(f"output_dir={str(self.path.parent)!r} kept disappearing while it was being "
+                                     "created; expected a folder nothing else removes") from None
+            except OSError as error:
+                raise ValueError(f"output_dir={str(self.path.parent)!r} is not writable ({error.strerror or error}); "
+                                 "expected a folder you can write to") from None
 
     def _is_current(self, handle) -> bool:
         try:
