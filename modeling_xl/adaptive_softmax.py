@@ -9,6 +9,11 @@ Parameter layout follows the legacy checkpoints so import is a plain rename:
     with div_val == 1: one table [V, d_embed], one input projection (when d_embed != d_model), one output projection
     per cluster; with div_val > 1: one table and one projection per cluster.
 A projection weight is [d_model, d_emb_i]: the input uses `emb @ W^T`, the output `hidden @ W`.
+
+The plain maths is `AdaptiveLogSoftmax.forward(hidden)` without targets (every log-probability, one line per term of
+the factorisation) and `masked_log_probs` (per target, plain ops). Training's `forward(hidden, targets)` computes the
+same NLL through the custom autograd nodes below (`SharedTableLogits`, `GatheredLogSoftmax`, `TableGradient`), which
+save memory and copies; tests/test_adaptive_softmax.py checks its values and gradients against the plain log-softmax.
 """
 
 from __future__ import annotations

@@ -70,7 +70,8 @@ class TransformerXLConfig(PreTrainedConfig):
         untie_r: one (u, v) bias pair per layer (True) or shared by all layers.
         mem_len: how many past hidden states each layer keeps as memory (0: no recurrence).
         clamp_len: relative distances beyond this use the same position vector (-1: no clamping).
-        same_length: every query attends to the same number of keys (mem_len + current position window).
+        same_length: every query attends to the same number of keys: the newest mem_len, its own included
+            (`relative_attention.causal_mask`).
         dropout, dropatt: dropout on activations and on attention probabilities.
         init_std, proj_init_std: normal init std of weights and of adaptive projections.
         attn_type, n_token_type, bi_data, ...: used by the permutation-LM head (see `modeling_permutation_lm`).

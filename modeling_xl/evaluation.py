@@ -61,8 +61,9 @@ def evaluate_stream(model, tokens, *, tgt_len: int, mem_len: int, clamp_len: int
     """State-reuse evaluation of a 1-D token stream: perplexity = exp(total NLL / total targets) over the whole stream.
 
     Returns {"loss", "perplexity", ("bpc"), "tokens", "seconds", "tokens_per_second", "tgt_len", "mem_len",
-    "clamp_len", "same_length", "attended_context"} with attended_context = mem_len + tgt_len, the most keys a
-    query sees (the last query of a segment), and same_length as used (off when mem_len == 0).
+    "clamp_len", "same_length", "attended_context"} with attended_context the most keys a query sees: mem_len +
+    tgt_len (the last query of a segment), or mem_len with same_length (every query sees the newest mem_len keys), and
+    same_length as used (off when mem_len == 0).
     """
     check_int("tgt_len", tgt_len)
     check_int("batch_size", batch_size)
@@ -78,7 +79,7 @@ def evaluate_stream(model, tokens, *, tgt_len: int, mem_len: int, clamp_len: int
     return {**score_summary(nll, count, char_level, round(count * chars_per_token)), "tokens": count,
             "seconds": seconds, "tokens_per_second": count / seconds if seconds else float("inf"),
             "tgt_len": tgt_len, "mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length,
-            "attended_context": mem_len + tgt_len}
+            "attended_context": mem_len if same_length else mem_len + tgt_len}
 
 
 def memory_sweep(model, tokens, mem_lens: list[int], **kwargs) -> list[dict]:
@@ -160,7 +161,7 @@ def sweep_table(rows: list[dict], metric: str = "perplexity") -> str:
 
 
 def plot_sweep(rows: list[dict], path, metric: str = "perplexity") -> None:
-    """PNG of the metric against the attended context (memory + segment)."""
+    """PNG of the metric against the attended context (the most keys a query sees)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -168,7 +169,7 @@ def plot_sweep(rows: list[dict], path, metric: str = "perplexity") -> None:
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot([r["attended_context"] for r in rows], [r[metric] for r in rows], marker="o")
-    ax.set_xlabel("attended context (mem_len + tgt_len tokens)")
+    ax.set_xlabel("attended context (the most keys a query sees)")
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} vs attended context (tgt_len {rows[0]['tgt_len']})")
     ax.grid(alpha=0.3)

@@ -5,10 +5,10 @@ fewer copies. Notation as there (batch-first): B batch, H heads, D d_head, T que
 R rows of the position table, S position tables (1, or 2 with bi_data); u, v the content and position biases.
 
 - `FusedRelativeAttention` (Transformer-XL in training): softmax(((q + u) k^T + rel_shift((q + v) (W_R R)^T))
-  / sqrt(D), masked) @ value as one node that saves no [B, H, T, K] tensor: backward recomputes the probabilities,
-  block by block (`score_blocks`), so training memory stays linear in K per layer.
-- `FusedBiasedAttention` (XLNet's two streams in training): softmax((q k^T + bias) / sqrt(D), masked) @ value as one
-  node, the score terms built outside.
+  / sqrt(D), masked) @ value as one node that saves no float [B, H, T, K] tensor (with attention dropout, the boolean
+  keep-mask): backward recomputes the probabilities, block by block (`score_blocks`).
+- `FusedBiasedAttention` (XLNet's two streams in training, and an unmasked call): softmax((q k^T + bias) / sqrt(D),
+  masked) @ value as one node, the score terms built outside; it saves the probabilities.
 - `ShiftedPositionScores`: the position term rel_shift((q + v) (W_R R)^T) as one node, written as a strided view of
   the product (no padded copy) and whose backward writes into the inverse shift's buffer once.
 Why: autograd through the separate ops keeps several [B, H, T, K] tensors alive per layer, and on CPU SDPA falls back

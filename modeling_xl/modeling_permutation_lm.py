@@ -4,10 +4,11 @@ Notation (batch-first everywhere): B batch, T segment length, M memory length, K
 (`num_predict`), d d_model, V vocabulary. The objective (Sec. 2.2, Eq. 3) maximises, over a factorization order z,
     sum_t log p(x_{z_t} | x_{z_<t}),   p(x | ...) = softmax(e(x)^T g_{z_t})
 where the query stream g knows the position z_t but not the content x_{z_t} (Sec. 2.3, the two-stream update):
-    g^n_{z_t} = Attn(Q = g^{n-1}_{z_t}, KV = h^{n-1}_{z_<t})      query stream (cannot see itself)
+    g^n_{z_t} = Attn(Q = g^{n-1}_{z_t}, KV = h^{n-1}_{z_<t})      query stream (z_<t: not itself)
     h^n_{z_t} = Attn(Q = h^{n-1}_{z_t}, KV = h^{n-1}_{z_<=t})     content stream (sees itself)
 with Transformer-XL's relative positions and memory, and the relative segment term (Sec. 2.5); the attention itself
-is `two_stream_attention.two_stream_attention`. Why two streams: a target must be predicted from its position without
+is `two_stream_attention.two_stream_attention`, its masks `two_stream_attention.permutation_masks` (z_<t is what
+`perm_mask` shows: the sampler hides every target from itself). Why two streams: a target must be predicted from its position without
 seeing its own content, while it must show its content to the targets after it.
 
 Layout: batch-first. `perm_mask[b, i, j] = 1`: position i may NOT see the content of position j. `target_mapping[b, m]`

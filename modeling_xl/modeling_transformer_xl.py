@@ -12,7 +12,9 @@ One layer n (the summary equations at the end of Sec. 3.3), with SG the stop-gra
 Why a memory: each segment attends to the previous segments' states without backpropagating into them, so the
 context grows with depth and evaluation reuses states instead of recomputing them (Sec. 3.2).
 Memory (`mems`) is a tuple with one tensor [B, M, d] per layer: the *input* of that layer on the previous segment(s),
-`update_memory`: cat(mem, h)[-mem_len:], detached. It is passed in and returned, never kept inside the model.
+`update_memory`: cat(mem, h)[-mem_len:], detached. It is passed in and returned; without gradients each layer also
+caches the keys and values of the memory it last returned (`inference_cache`), reused only when that same tensor
+comes back unmodified.
 The output is the adaptive softmax (`adaptive_softmax`, Grave et al. 2017) tied to the adaptive input.
 """
 

@@ -87,12 +87,13 @@ def causal_mask(qlen: int, mlen: int, same_length: bool = False, mem_len: int = 
     """Boolean [T, K] mask, True where query i may NOT attend key j.
 
     Query i sits at absolute position M + i: it sees keys j <= M + i (memory plus the causal part of the segment).
-    With `same_length`, every query sees the same number of keys: keys farther back than the window that the last
-    query sees are hidden too (the paper's evaluation setting). Example T=3, M=2, mem_len=2, same_length
-    (x = hidden):
-        [. . . x x]      [. . . x x]
-        [. . . . x]  ->  [x . . . x]
-        [. . . . .]      [x x . . .]
+    With `same_length` (the paper's evaluation setting), every query sees the same number of keys: the newest
+    `mem_len` keys up to and including itself once the memory is full (M = mem_len), at most `mem_len` before; the
+    authors' PyTorch code and transformers do this (their TensorFlow code shows each query M + 1 keys). Example T=3,
+    M=2, mem_len=2, same_length (x = hidden; each query sees 2 keys):
+        [. . . x x]      [x . . x x]
+        [. . . . x]  ->  [x x . . x]
+        [. . . . .]      [x x x . .]
     """
     klen = mlen + qlen
     ones = torch.ones(qlen, klen, dtype=torch.bool, device=device)

@@ -44,19 +44,27 @@ def choice(name: str, value, choices: Iterable) -> None:
 
 
 def check_model_source(name: str, value: str | None) -> None:
-    """ValueError when `value` is meant as a local path (absolute, relative with ./ ../, or more than one "/") and
-    does not exist, or starts with "~" (which nothing expands on the way to `from_pretrained`); otherwise
-    transformers would read it as a Hub id and fail on its characters."""
+    """ValueError when `value` is meant as a local path and does not exist: absolute, relative with ./ ../, more
+    than one "/", or a 'user/name' whose 'user' is a local folder (`outputs/tiny` before that run wrote it); when it
+    starts with "~" (which nothing expands on the way to `from_pretrained`); or, for model_name_or_path, when it is a
+    file (a folder's config.json or weights). Otherwise transformers would read it as a Hub id and fail on its
+    characters or on the network."""
     if value is None:
         return
     if value.startswith("~"):
         raise ValueError(f"{name}={value!r} starts with '~', which is not expanded here; expected the full path "
                          f"({os.path.expanduser(value)!r})")
+    if name == "model_name_or_path" and os.path.isfile(value):
+        raise ValueError(f"{name}={value!r} is a file; expected the folder save_pretrained wrote (the one holding "
+                         "config.json)")
     if os.path.exists(value):
         return
+    expected = "expected a local folder (written by save_pretrained) or a Hub id 'name' / 'user/name'"
     if value.startswith(("/", ".")) or value.count("/") > 1 or os.sep != "/" and os.sep in value:
-        raise ValueError(f"{name}={value!r} does not exist; expected a local folder (written by save_pretrained) or "
-                         "a Hub id 'name' / 'user/name'")
+        raise ValueError(f"{name}={value!r} does not exist; {expected}")
+    if "/" in value and os.path.isdir(value.split("/")[0]):
+        raise ValueError(f"{name}={value!r} does not exist: the local folder {value.split('/')[0]!r} holds no "
+                         f"{value.split('/', 1)[1]!r} (from {os.getcwd()!r}); {expected}")
 
 
 # ---- the output folder ---------------------------------------------------------------------------------------------
@@ -73,9 +81,11 @@ def check_output_dir(path: str, earlier_run: Callable[[Path], list[str]], *, res
     out = Path(path)
     earlier = earlier_run(out) if out.is_dir() else []
     if earlier and not resuming and not overwrite:
+        resume = ("--resume_from_checkpoint latest to continue that run, " if any("checkpoint" in name for name in earlier)
+                  else "")  # a run that saved no checkpoint cannot be continued
         raise ValueError(f"output_dir={path!r} already holds an earlier run ({', '.join(earlier)}); expected an empty "
-                         "or new folder, --resume_from_checkpoint latest to continue that run, or "
-                         "--overwrite_output_dir to start afresh there (deletes its checkpoints and logs)")
+                         f"or new folder, {resume}or --overwrite_output_dir to start afresh there (deletes its "
+                         "checkpoints and logs)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         # a probe file of its own per process (every process of a multi-process run checks the same folder at once);

@@ -7,9 +7,12 @@ Notation (batch-first everywhere):
 
 Both streams read their keys and values from the content stream `[mem; h]`:
     content stream  h_i <- Attn(query h_i, keys/values [mem; h] that i may see, itself included)
-    query stream    g_m <- Attn(query g_m, keys/values [mem; h] that target z_m may see, never z_m itself)
-`g_m` stands at its target's position z_m: it uses z_m's relative distances, segment and mask row, but never z_m's
-content (g starts from a learned `mask_emb`). Score of a query at position i and key j:
+    query stream    g_m <- Attn(query g_m, keys/values [mem; h] that target z_m may see)
+`g_m` stands at its target's position z_m: it uses z_m's relative distances, segment and mask row, and starts from a
+learned `mask_emb`, not z_m's content. That it never reads z_m's content through the keys is the permutation mask's
+doing, not this module's: the query stream's mask is `perm_mask` as given (plus padding and causality), and XLNet's
+sampler (`plm_sampling`) sets perm_mask[i, i] = 1 for every target i, as the authors' code and transformers do.
+The content stream's mask always shows the diagonal. Score of a query at position i and key j:
     A_ij = (q_i + u) . k_j  +  (q_i + v) . W_R R_{i-j}  +  (q_i + s) . e[seg_i != seg_j]
            content "ac"        position "bd"               segment "ef"
 The last term is XLNet's relative segment encoding (Sec. 2.5): only *whether* two tokens share a segment matters, and
@@ -109,7 +112,9 @@ def permutation_masks(perm_mask, attention_mask, mlen: int, causal: bool, batch:
 
     Query i may not see key j when `perm_mask[b, i, j] = 1` (XLNet's convention), when j is padding
     (`attention_mask[b, j] = 0`) or, for `causal` (attn_type "uni"), when j lies after i. Memory is always visible.
-    The content stream additionally always sees itself (the diagonal); the query stream never relies on it.
+    The content stream additionally always sees itself (the diagonal). The query stream's mask is exactly that: it
+    hides a query's own content only where perm_mask[b, i, i] = 1, which XLNet's sampler sets for every target (with
+    perm_mask None a query-stream row sees every key, its own included, as in transformers' XLNet).
     Example (T=2, M=0, perm_mask [[0, 1], [1, 0]]): query [[F, T], [T, F]]; content [[F, T], [T, F]]
     (perm_mask [[1, 0], [1, 1]]: query [[T, F], [T, T]]; content [[F, F], [T, F]]).
     """

@@ -3,6 +3,7 @@ the script, bad rows named before training, nothing lost after training, resume,
 
 import importlib.util
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -358,6 +359,59 @@ def test_bad_arguments_are_named_before_anything_is_written(tmp_path, lm_checkpo
     assert not (tmp_path / "out").exists()
 
 
+def test_a_missing_local_model_a_model_file_and_a_data_folder_are_named_as_such(tmp_path, lm_checkpoint, monkeypatch):
+    """The README's `outputs/tiny` before that run wrote it reads as a Hub id 'user/name'; here `outputs/` exists, so
+    it is a missing local folder, not a Hub lookup that fails offline."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    with pytest.raises(ValueError, match=r"model_name_or_path='outputs/tiny' does not exist: the local folder 'outputs' "
+                                         r"holds no 'tiny'"):
+        run_finetuning(finetune_args(tmp_path, "outputs/tiny"))
+    with pytest.raises(ValueError, match=r"model.safetensors' is a file; expected the folder save_pretrained wrote"):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint / "model.safetensors"))
+    args = finetune_args(tmp_path, lm_checkpoint)
+    args.train_file = str(tmp_path)
+    with pytest.raises(ValueError, match=r"train_file='.*' is a folder; expected a .csv, .tsv, .json or .jsonl file "
+                                         r"\(this folder holds \['dev.tsv', 'train.tsv'\]\)"):
+        run_finetuning(args)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_separated_by_semicolons_is_named_with_what_to_do(tmp_path, lm_checkpoint):
+    """A semicolon-separated .csv: with commas in a text pandas fails to parse it (the parser's own reason is given,
+    not datasets' wrapper); without, it is one column named 'sentence;label'. Both say what separates the header."""
+    hint = r"its header 'sentence;label' is separated by semicolons: a .csv file is read comma-separated"
+    rows = "sentence;label\ngood movie;1\nbad, dull movie;0\nnice;1\n"
+    for name in ("train.csv", "dev.csv"):
+        (tmp_path / name).write_text(rows)
+    args = finetune_args(tmp_path, lm_checkpoint, train_file=str(tmp_path / "train.csv"),
+                         validation_file=str(tmp_path / "dev.csv"))
+    with pytest.raises(ValueError, match=r"could not be read as CSV \(ParserError: Error tokenizing data.*" + hint):
+        run_finetuning(args)
+    for name in ("train.csv", "dev.csv"):
+        (tmp_path / name).write_text(rows.replace(",", ""))
+    with pytest.raises(ValueError, match=r"text_column='sentence' is not a column of the train split; expected one of "
+                                         r"\['sentence;label'\] \(" + hint):
+        run_finetuning(args)
+    assert not (tmp_path / "out").exists()
+
+
+def test_class_names_that_look_like_a_mistake_are_warned_about(caplog):
+    from modeling_xl.finetuning.labels import build_label_space
+
+    describe = lambda split, row: f"{split} row {row}"  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="modeling_xl.finetuning.labels"):
+        space, _ = build_label_space({"train": ["neg", "NEG", "pos", "Pos", "sport,news"], "validation": ["neg"]},
+                                     None, ",", describe)
+    assert space.names == ["NEG", "Pos", "neg", "pos", "sport,news"]  # still classes of their own
+    assert "'NEG' / 'neg'; 'Pos' / 'pos' differ only in case or spaces" in caplog.text
+    assert "1 of the 5 training labels hold ',' (e.g. 'sport,news')" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="modeling_xl.finetuning.labels"):
+        build_label_space({"train": ["neg", "pos"], "validation": ["pos"]}, None, ",", describe)
+    assert caplog.text == ""
+
+
 def test_a_folder_holding_somebodys_files_is_refused_and_left_as_it_was(tmp_path, lm_checkpoint):
     out = tmp_path / "out"
     out.mkdir()
@@ -531,6 +585,30 @@ def classifier_folder(tmp_path, lm_checkpoint, one_thread):
     dev = write_tsv(tmp_path / "dev.tsv", one_topic_rows(40, 2))
     run_script(tmp_path, lm_checkpoint, train, dev, "--max_train_steps", "30", output="clf")
     return tmp_path / "clf"
+
+
+def test_an_earlier_classifier_of_other_labels_gets_a_new_class_layer(classifier_folder, tmp_path, caplog):
+    """From the four-topic classifier: two classes (another count: the user's crash), two other names of the same
+    count, and the same four topics (the class layer kept). The sequence summary is kept in every case."""
+    from modeling_xl.finetuning.labels import LabelSpace
+    from modeling_xl.finetuning.loop import build_model
+
+    source = AutoModelForSequenceClassification.from_pretrained(classifier_folder)
+    args = finetune_args(tmp_path, classifier_folder)
+    single = "single_label_classification"
+    with caplog.at_level(logging.INFO, logger="modeling_xl.finetuning.loop"):
+        two = build_model(args, LabelSpace(single, ["0", "1"], {}))
+    assert two.logits_proj.weight.shape == (2, source.config.d_model) and "its class layer is new" in caplog.text
+    assert torch.equal(two.sequence_summary.summary.weight, source.sequence_summary.summary.weight)
+    renamed = build_model(args, LabelSpace(single, ["a", "b", "c", "d"], {}))
+    assert not torch.equal(renamed.logits_proj.weight, source.logits_proj.weight)
+    same = build_model(args, LabelSpace(single, ["food", "music", "sport", "weather"], {}))
+    assert torch.equal(same.logits_proj.weight, source.logits_proj.weight)
+    assert same.config.id2label == {0: "food", 1: "music", 2: "sport", 3: "weather"}
+    # the script end to end, 8-class style crash case: four topics -> two sentiment classes
+    results = run_script(tmp_path, classifier_folder, tmp_path / "train.tsv", tmp_path / "dev.tsv",
+                         "--max_train_steps", "4", output="again")
+    assert results["labels"] == ["0", "1"]
 
 
 def test_saved_tokenizer_pads_and_pipeline_returns_label_names(classifier_folder):

@@ -436,3 +436,28 @@ def test_position_product_equals_broadcast_matmul(layout):
         q_v = head_major(x.shape, x).copy_(x)[1:3, 1:4]
         r = r[1:4]
     torch.testing.assert_close(position_product(q_v, r), torch.matmul(q_v, r.transpose(-1, -2)))
+
+
+@pytest.mark.parametrize("qlen,mem_len", [(3, 2), (5, 4), (4, 8), (8, 3)])
+def test_same_length_shows_every_query_the_newest_mem_len_keys_once_the_memory_is_full(qlen, mem_len):
+    mask = causal_mask(qlen, mem_len, same_length=True, mem_len=mem_len)
+    for i in range(qlen):  # query i sits at key mem_len + i and sees keys i + 1 .. mem_len + i
+        assert (~mask[i]).nonzero().flatten().tolist() == list(range(i + 1, mem_len + i + 1))
+    if (qlen, mem_len) == (3, 2):  # the docstring's example
+        x, o = True, False
+        assert mask.tolist() == [[x, o, o, x, x], [x, x, o, o, x], [x, x, x, o, o]]
+    for filled in range(mem_len):  # before the memory is full a query sees at most mem_len keys
+        assert (~causal_mask(qlen, filled, True, mem_len)).sum(-1).max() <= mem_len
+
+
+def test_reported_attended_context_is_the_most_keys_a_query_sees():
+    from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+    from modeling_xl.evaluation import evaluate_stream
+
+    model = TransformerXLForCausalLM(TransformerXLConfig(vocab_size=11, d_model=8, n_layer=1, n_head=2, d_head=4,
+                                                         d_inner=16, adaptive=False)).eval()
+    tokens = torch.randint(0, 11, (40,))
+    for mem_len, same_length in [(6, True), (6, False), (0, True)]:
+        result = evaluate_stream(model, tokens, tgt_len=5, mem_len=mem_len, same_length=same_length)
+        mask = causal_mask(5, mem_len, result["same_length"], mem_len)
+        assert result["attended_context"] == int((~mask).sum(-1).max())

@@ -240,7 +240,7 @@ def test_real_script_with_two_processes_finishes_and_writes_one_folder(workdir):
     assert result.stdout.count("validation:") == 2  # both processes report the same reduced metrics
     assert len(set(line for line in result.stdout.splitlines() if line.startswith("validation:"))) == 1
     state = json.loads((out / "checkpoints" / "step_0000006" / "training_state.json").read_text())
-    assert state["num_processes"] == 2 and state["step"] == 6
+    assert state["num_processes"] == 2 and state["step"] == 6 and state["max_train_steps"] == 6
     assert (out / "checkpoints" / "step_0000006" / "memories_rank1.safetensors").is_file()
     assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
     # a character tokenizer has no end token: generation must not stop at its id 0 (a character), the config default

@@ -3,6 +3,7 @@
 import copy
 import importlib.util
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -387,3 +388,28 @@ def test_pretraining_keeps_freed_host_memory_before_its_training_loop(tmp_path):
             mock.patch.object(loop, "train", side_effect=lambda *a, **k: events.append("train") or real_train(*a, **k)):
         run_pretraining(debug_args(tmp_path / "out", "--max_train_steps", "2", "--eval_steps", "2"), builder)
     assert events == [torch.device("cpu"), "train"]
+
+
+def test_a_tokenizer_that_leaves_most_of_the_corpus_unknown_is_warned_about(tmp_path, caplog):
+    """--tokenizer_name of another text: the share of <unk> among the first training batches is said before
+    training (here a tokenizer of 'aeiou' on the play: most characters unknown); the corpus's own tokenizer says
+    nothing."""
+    def builder_of(alphabet):
+        def build(args, rank, world, per_process):
+            text = CORPUS_TEXT[:20_000]
+            tokenizer = char_tokenizer(alphabet or text)
+            ids = tokenizer(text)["input_ids"]
+            return data_from_tokens(tokenizer, ids[:18_000], ids[18_000:], num_streams=per_process * world,
+                                    tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
+                                    process_index=rank, info={"char_level": True, "dataset_name": "play"})
+        return build
+
+    (tmp_path / "tok").mkdir()  # the run's tokenizer comes from the builder; the argument marks it as from elsewhere
+    extra = ("--tokenizer_name", str(tmp_path / "tok"), "--max_train_steps", "1", "--eval_steps", "1")
+    with caplog.at_level(logging.WARNING, logger="modeling_xl.training.loop"):
+        run_pretraining(debug_args(tmp_path / "a", *extra), builder_of("aeiou"))
+    assert "of the first training tokens are the tokenizer's unknown token '<unk>'" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="modeling_xl.training.loop"):
+        run_pretraining(debug_args(tmp_path / "b", *extra), builder_of(None))
+    assert "unknown token" not in caplog.text

@@ -1,5 +1,6 @@
 """Unit tests of the training library: arguments, batches, accumulation maths, evaluation maths, checkpoints, Hub."""
 
+import logging
 import math
 from pathlib import Path
 from unittest import mock
@@ -470,3 +471,48 @@ def test_a_model_continued_from_a_saved_one_generates_up_to_the_new_tokenizers_e
     args = parse_args(["--preset", "debug", "--model_name_or_path", str(tmp_path / "saved")])
     model = build_model(args, build_config(args, 52, eos_token_id=None))  # now a char-level tokenizer: no end token
     assert model.config.eos_token_id is None and model.generation_config.eos_token_id is None
+
+
+def test_a_resume_with_another_max_train_steps_says_the_schedule_is_rebuilt():
+    from modeling_xl.training.checkpoint_validation import CheckpointError, validate_training_state
+    from modeling_xl.training.checkpointing import schedule_change
+
+    state = {"step": 80, "max_train_steps": 80}
+    message = schedule_change(state, 100, "cosine")
+    assert "written by a run of max_train_steps=80; this run has max_train_steps=100" in message
+    assert "the rates from step 81 on are that schedule's" in message
+    assert schedule_change(state, 80, "cosine") is None and schedule_change(state, 100, "constant") is None
+    assert schedule_change({"step": 80}, 100, "cosine") is None  # written before the length was recorded
+    with pytest.raises(CheckpointError, match="has max_train_steps=0; expected a positive integer"):
+        validate_training_state({"step": 4, "max_train_steps": 0}, "step_0000004")
+
+
+def test_a_runs_training_config_record_runs_it_again(tmp_path, caplog):
+    """training_config.yaml holds every resolved argument plus records (resolved_batch, model_config, the config file
+    the run read, the Hub token placeholder): fed back as --config it gives the same arguments."""
+    from modeling_xl.training.arguments import save_resolved
+
+    first = parse_args(["--preset", "debug", "--per_device_train_batch_size", "4", "--max_train_steps", "7",
+                        "--output_dir", str(tmp_path / "a"), "--hub_token", "secret", "--learning_rate", "3e-4"])
+    save_resolved(first, tmp_path, {"resolved_batch": {"train_batch_size": 4}, "model_config": {"d_model": 16}})
+    with caplog.at_level(logging.INFO, logger="modeling_xl.training.arguments"):
+        again = parse_args(["--config", str(tmp_path / "training_config.yaml"), "--output_dir", str(tmp_path / "b")])
+    assert "is the record of an earlier run" in caplog.text
+    expected = {**first.to_dict(), "output_dir": str(tmp_path / "b"), "hub_token": None,
+                "config": str(tmp_path / "training_config.yaml")}
+    assert again.to_dict() == expected
+    json_again = parse_args(["--config", str(tmp_path / "training_config.json"), "--output_dir", str(tmp_path / "b")])
+    assert json_again.to_dict() == {**expected, "config": str(tmp_path / "training_config.json")}
+
+
+def test_resume_is_suggested_only_for_an_earlier_run_that_saved_a_checkpoint(tmp_path):
+    from modeling_xl.training import arguments as arguments_module
+
+    (tmp_path / "train_log.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError) as refused:
+        check_output_dir(str(tmp_path), arguments_module.earlier_pretraining_run)
+    assert "(train_log.jsonl)" in str(refused.value) and "resume_from_checkpoint" not in str(refused.value)
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(ValueError, match=r"\(checkpoints, train_log.jsonl\); expected an empty or new folder, "
+                                         r"--resume_from_checkpoint latest to continue that run, or --overwrite"):
+        check_output_dir(str(tmp_path), arguments_module.earlier_pretraining_run)

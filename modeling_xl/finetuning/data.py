@@ -55,6 +55,10 @@ def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
     files = {"train": args.train_file, "validation": args.validation_file}
     suffixes = {Path(f).suffix.lower() for f in files.values()}
     for name, path in files.items():
+        if Path(path).is_dir():
+            inside = sorted(p.name for p in Path(path).iterdir() if p.suffix.lower() in LOCAL_BUILDERS)[:8]
+            raise ValueError(f"{name}_file={path!r} is a folder; expected a .csv, .tsv, .json or .jsonl file"
+                             + (f" (this folder holds {inside})" if inside else ""))
         if not Path(path).is_file():
             raise FileNotFoundError(f"{name}_file={path!r} does not exist")
     if len(suffixes) != 1 or next(iter(suffixes)) not in LOCAL_BUILDERS:
@@ -75,11 +79,35 @@ def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
         except OSError:
             raise
         except Exception as error:  # datasets' own message names neither the argument nor the file
+            cause = error
+            while cause.__cause__ is not None or cause.__context__ is not None:  # datasets wraps the parser's error
+                cause = cause.__cause__ or cause.__context__
             raise ValueError(f"{argument} could not be read as {Path(path).suffix.lower()[1:].upper()} "
-                             f"({type(error).__name__}: {error}); {expected}") from error
+                             f"({type(cause).__name__}: {str(cause).strip()}); {expected}"
+                             f"{_separator_hint(path, options)}") from error
         if len(raw[split]) == 0:
             raise ValueError(f"{argument} has no rows; {expected}")
     return datasets.DatasetDict(raw)
+
+
+def _separator_hint(path, options: dict) -> str:
+    """For a CSV/TSV whose header is split by another character than the file type's (a semicolon- or tab-separated
+    .csv, a comma-separated .tsv): what to do; else ""."""
+    separator = options.get("delimiter", ",")
+    if Path(path).suffix.lower() not in (".csv", ".tsv"):
+        return ""
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as handle:
+            header = next((line for line in handle if line.strip()), "")
+    except OSError:
+        return ""
+    found = [name for char, name in ((";", "semicolons"), ("\t", "tabs"), (",", "commas"), ("|", "bars"))
+             if char != separator and char in header and separator not in header]
+    if not found:
+        return ""
+    wanted = "tab" if separator == "\t" else "comma"
+    return (f" (its header {header.strip()[:60]!r} is separated by {found[0]}: a {Path(path).suffix.lower()} file is "
+            f"read {wanted}-separated; save it comma-separated as .csv or tab-separated as .tsv)")
 
 
 def _lines_with_text(path, at_most: int) -> int:
@@ -113,8 +141,12 @@ def check_rows(raw: datasets.DatasetDict, args: FinetuneArguments) -> tuple[Labe
     for split, data in raw.items():
         for name, column in columns:
             if column not in data.column_names:
+                hint = ""
+                if len(data.column_names) == 1 and args.train_file is not None:
+                    hint = _separator_hint(args.train_file if split == "train" else args.validation_file,
+                                           LOCAL_BUILDERS.get(Path(args.train_file).suffix.lower(), (None, {}))[1])
                 raise ValueError(f"{name}={column!r} is not a column of the {split} split; expected one of "
-                                 f"{data.column_names}")
+                                 f"{data.column_names}{hint}")
         for _, column in columns[:-1]:
             describe = row_namer(args, column)
             for row, text in enumerate(data[column]):

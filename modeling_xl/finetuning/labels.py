@@ -13,10 +13,13 @@ regression; otherwise single label. Rows are counted from 1, the header excluded
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 PROBLEM_HINT = "--problem_type regression"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,6 +71,25 @@ def check_markers_among_numbers(splits: dict[str, list], describe) -> None:
             row, value = marked[0]
             raise ValueError(f"{describe(split, row + 1)}: the label is missing ({value!r} among numbers); expected a "
                              "label in every row")
+
+
+def warn_about_class_names(names: list[str], delimiter: str) -> None:
+    """Warnings (not errors: either may be meant) for single-label class names that look like a mistake: names equal
+    but for case or surrounding spaces ("neg", "NEG"), which become classes of their own, and names holding the
+    multi-label delimiter ("sport,news") without --problem_type multi_label_classification."""
+    spellings: dict[str, list[str]] = {}
+    for name in names:
+        spellings.setdefault(name.strip().casefold(), []).append(name)
+    variants = [group for group in spellings.values() if len(group) > 1]
+    if variants:
+        logger.warning("the training labels %s differ only in case or spaces: each is a class of its own (%d classes "
+                       "in all); expected one spelling per class, if they mean the same class",
+                       "; ".join(" / ".join(map(repr, group)) for group in variants[:3]), len(names))
+    joined = [name for name in names if delimiter in name]
+    if joined:
+        logger.warning("%d of the %d training labels hold %r (e.g. %r): each is a class of its own; for several "
+                       "labels per row pass --problem_type multi_label_classification (--label_delimiter %r)",
+                       len(joined), len(names), delimiter, joined[0], delimiter)
 
 
 def infer_problem_type(values: list) -> str:
@@ -142,6 +164,8 @@ def build_label_space(splits: dict[str, list], problem_type: str | None, delimit
     ids = {c: i for i, c in enumerate(classes)}
     names = [class_names[c] if class_names is not None and isinstance(c, int) and 0 <= c < len(class_names)
              else str(c) for c in classes]
+    if problem_type == "single_label_classification":
+        warn_about_class_names(names, delimiter)
     space = LabelSpace(problem_type, names, ids)
     targets = {}
     for split, rows in values.items():

@@ -38,8 +38,11 @@ FINAL_FILES = (*MODEL_FILES, LOG_FILE, RESULTS_FILE)
 
 
 def build_model(args: FinetuneArguments, labels: LabelSpace):
-    """The classifier: a causal-LM / permutation-LM / classification checkpoint with (only) a new head, or with
-    `from_scratch` the same architecture randomly initialised. `problem_type` is set as transformers defines it."""
+    """The classifier: a causal-LM / permutation-LM checkpoint with a new head (summary and class layer), or with
+    `from_scratch` the same architecture randomly initialised. From an earlier classifier the summary is kept, and its
+    class layer too when it was trained on the same labels (same names in the same order, same problem type): another
+    task (other classes, another number of them) gets a new class layer. `problem_type` is set as transformers
+    defines it."""
     from ..configuration_transformer_xl import TransformerXLConfig
     from ..modeling_classification import TransformerXLForSequenceClassification
 
@@ -50,7 +53,19 @@ def build_model(args: FinetuneArguments, labels: LabelSpace):
     if args.from_scratch:
         config = TransformerXLConfig.from_pretrained(args.model_name_or_path, **fields)
         return TransformerXLForSequenceClassification(config)
-    return TransformerXLForSequenceClassification.from_pretrained(args.model_name_or_path, **fields)
+    source = TransformerXLConfig.from_pretrained(args.model_name_or_path)
+    classifier = TransformerXLForSequenceClassification.__name__ in (source.architectures or [])
+    same_task = classifier and (dict(source.id2label), source.problem_type) == (fields["id2label"],
+                                                                                labels.problem_type)
+    model = TransformerXLForSequenceClassification.from_pretrained(args.model_name_or_path, **fields,
+                                                                   ignore_mismatched_sizes=classifier)
+    if classifier and not same_task:
+        with torch.no_grad():
+            model._init_weights(model.logits_proj)
+        logger.info("model_name_or_path=%r is a classifier of other labels (%s, %s): its class layer is new for %s "
+                    "(%s); the rest, its sequence summary included, is kept", args.model_name_or_path,
+                    list(source.id2label.values()), source.problem_type, labels.names, labels.problem_type)
+    return model
 
 
 def model_inputs(batch: dict, args) -> dict:

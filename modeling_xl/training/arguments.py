@@ -93,7 +93,7 @@ class PretrainArguments:
     perm_size: int | None = field(default=None, metadata={"help": "plm: local permutation block (default reuse_len)"})
     bi_data: bool = field(default=False, metadata={"help": "plm: half of the rows read backwards"})
     # optimisation
-    output_dir: str | None = field(default=None, metadata={"help": "where the final model, logs and checkpoints go"})
+    output_dir: str | None = field(default=None, metadata={"help": "where the final model, logs and checkpoints go (default: outputs/pretrain)"})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "start afresh in an output_dir that holds an earlier run (its checkpoints, log and records are deleted; other files are kept)"})
     train_batch_size: int | None = field(default=None, metadata={"help": "global batch = number of streams (all processes)"})
     per_device_train_batch_size: int | None = field(default=None, metadata={"help": "streams per process (global = this x processes)"})
@@ -145,6 +145,22 @@ def parse_args(argv: list[str] | None = None) -> PretrainArguments:
     return resolve(PretrainArguments(**{**from_file, **given}), explicit=set(from_file) | set(given))
 
 
+# what `save_resolved` adds to the arguments in training_config.yaml/.json
+RUN_RECORD_KEYS = frozenset({"resolved_batch", "model_config"})
+
+
+def arguments_of_run_record(values: dict) -> dict:
+    """The arguments of a run from its `training_config` record: without the records (`RUN_RECORD_KEYS`), the file
+    the run itself read (`config`) and the Hub token placeholder; with `per_device_train_batch_size` set, without the
+    global `train_batch_size` the run computed from it (giving both is an error)."""
+    values = {k: v for k, v in values.items() if k not in RUN_RECORD_KEYS and k != "config"}
+    if values.get("hub_token") == "<HUB_TOKEN>":
+        values["hub_token"] = None
+    if values.get("per_device_train_batch_size") is not None:
+        values.pop("train_batch_size", None)
+    return values
+
+
 def load_config_file(path: str) -> dict:
     """Arguments from a YAML/JSON mapping, converted to each field's type; unknown keys are an error (typos must not
     be silently ignored). YAML reads `3e-4` as a string and `no` as false: both are converted or named here."""
@@ -167,6 +183,10 @@ def load_config_file(path: str) -> dict:
                          "argument: value") from None
     if not isinstance(values, dict):
         raise ValueError(f"config={path!r} holds a {type(values).__name__}; expected a mapping of argument: value")
+    if RUN_RECORD_KEYS & set(values):  # an earlier run's training_config.yaml/.json: its arguments run it again
+        values = arguments_of_run_record(values)
+        logger.info("config=%r is the record of an earlier run: %s are records, not arguments, and are skipped",
+                    path, ", ".join(RUN_RECORD_KEYS | {"config"}))
     if "config" in values:  # one file of arguments: a nested reference would be silently ignored
         raise ValueError(f"config={path!r} has a 'config' key ({values['config']!r}); expected the arguments "
                          "themselves (a config file cannot include another)")

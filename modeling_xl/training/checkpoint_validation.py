@@ -45,6 +45,7 @@ FIELD_CHECKS = {
     "seed": (lambda v: v is None or _is_int(v), "an integer"),
     "bi_data": (lambda v: isinstance(v, bool), "true or false"),
     "plm_sampling_version": _POSITIVE,
+    "max_train_steps": _POSITIVE,
 }
 
 

@@ -167,6 +167,19 @@ def check_compatible(state: dict, layout: dict, folder, max_train_steps: int, *,
                          "--max_train_steps)")
 
 
+def schedule_change(state: dict, max_train_steps: int, lr_scheduler_type: str) -> str | None:
+    """What a resume with another `max_train_steps` does to the learning rate, or None when nothing changes (same
+    length, a constant schedule, or a checkpoint that did not record its length): the scheduler is rebuilt for this
+    run's length and continues at the checkpoint's step, so the rates from there on are the new schedule's."""
+    before = state.get("max_train_steps")
+    if before is None or before == max_train_steps or lr_scheduler_type == "constant":
+        return None
+    return (f"the checkpoint at step {state['step']} was written by a run of max_train_steps={before}; this run has "
+            f"max_train_steps={max_train_steps}, so the {lr_scheduler_type} learning-rate schedule (warmup and decay) "
+            f"now spans {max_train_steps} steps and the rates from step {state['step'] + 1} on are that schedule's, "
+            f"not a continuation of the old one")
+
+
 def check_same_stream(state: dict, stream: dict, folder) -> None:
     """The memories and the data position of a checkpoint belong to one token stream: a changed corpus (another file,
     an edited file) or another tokenizer gives a different `train_tokens` or `tokenizer_vocab_size`; another

@@ -38,6 +38,24 @@ class PretrainData:
             yield {k: v.to(device) for k, v in batch.items()}
 
 
+def unknown_share(data: PretrainData, max_batches: int = 32) -> float | None:
+    """The share of the tokenizer's unknown token among the first `max_batches` training batches' input ids (None
+    without an unknown token or batches)."""
+    unk = getattr(data.tokenizer, "unk_token_id", None)
+    if unk is None or len(data.train) == 0:
+        return None
+    hits = total = 0
+    for index in range(min(len(data.train), max_batches)):
+        ids = data.train.batch(index)["input_ids"]
+        hits, total = hits + int((ids == unk).sum()), total + ids.numel()
+    return hits / total if total else None
+
+
+# a tokenizer from elsewhere (--tokenizer_name, --model_name_or_path) that leaves more of the corpus unknown is warned
+# about: the loss and perplexity are then mostly about predicting <unk> (WikiText-2's own vocabulary leaves 2.6%)
+UNKNOWN_WARNING_SHARE = 0.10
+
+
 def tokenizer_vocab_size(tokenizer) -> int:
     """Ids the model must accept: len(tokenizer), or more when the vocabulary has gaps (highest id + 1)."""
     return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)

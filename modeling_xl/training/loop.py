@@ -19,8 +19,8 @@ from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, Pr
 from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run, keep_freed_host_memory
 from .arguments import RUN_RECORDS, PretrainArguments, earlier_pretraining_run, processes_split, save_resolved
 from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
-                            resolve_checkpoint, save_checkpoint)
-from .data import PretrainData, tokenizer_vocab_size
+                            resolve_checkpoint, save_checkpoint, schedule_change)
+from .data import UNKNOWN_WARNING_SHARE, PretrainData, tokenizer_vocab_size, unknown_share
 from .engines import check_engine, describe_run, final_model, refuse_split_world, refuse_unsupported
 from .feedback import PLOT_FILE, Progress, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
@@ -98,6 +98,9 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
         check_process_layout(saved, layout, resume_from)  # another number of processes, same streams per chunk
         check_compatible(saved, {k: v for k, v in layout.items() if k not in PROCESS_KEYS}, resume_from,
                          args.max_train_steps)
+        change = schedule_change(saved, args.max_train_steps, args.lr_scheduler_type)
+        if change and accelerator.is_main_process:
+            logger.warning("resume_from_checkpoint=%r: %s", str(resume_from), change)
     set_seed(args.seed)
     if data_builder is None:
         from .data_sources import build_data as data_builder  # the data pipeline (datasets, tokenizers) is only needed here
@@ -112,6 +115,13 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
                       **plm_settings(args))
     if saved is not None:  # still before anything is written or loaded
         check_same_stream(saved, stream, resume_from)
+    if (args.tokenizer_name or args.model_name_or_path) and args.objective == "clm" and not args.streaming:
+        share = unknown_share(data)
+        if share is not None and share > UNKNOWN_WARNING_SHARE and accelerator.is_main_process:
+            logger.warning("%.1f%% of the first training tokens are the tokenizer's unknown token %r (tokenizer of %s): "
+                           "the loss and perplexity will be mostly about predicting it; expected a tokenizer trained "
+                           "on this kind of text (scripts/train_tokenizer.py)", 100 * share,
+                           data.tokenizer.unk_token, args.tokenizer_name or args.model_name_or_path)
     config = build_config(args, stream["tokenizer_vocab_size"], data.tokenizer.eos_token_id)
     objective = objective_for(args, data)
     model = build_model(args, config, objective.model_class)
@@ -188,7 +198,8 @@ def train(accelerator, args, model, optimizer, scheduler, data, objective, state
         if args.checkpointing_steps and state.step % args.checkpointing_steps == 0:
             folder = save_checkpoint(accelerator, args.output_dir, state.step, {
                 **layout, "tokens_seen": state.tokens_seen, "eval_history": state.eval_history,
-                "elapsed_seconds": state.elapsed(), "data_position": {"segments_consumed": state.step}},
+                "elapsed_seconds": state.elapsed(), "data_position": {"segments_consumed": state.step},
+                "max_train_steps": args.max_train_steps},
                 state.memories, args.checkpoints_total_limit)
             state.last_checkpoint = str(folder)
     progress.close()
