@@ -161,17 +161,17 @@ def sweep_table(rows: list[dict], metric: str = "perplexity") -> str:
 
 
 def plot_sweep(rows: list[dict], path, metric: str = "perplexity") -> None:
-    """PNG of the metric against the attended context (the most keys a query sees)."""
+    """PNG of the metric against the memory length."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot([r["attended_context"] for r in rows], [r[metric] for r in rows], marker="o")
-    ax.set_xlabel("attended context (the most keys a query sees)")
+    ax.plot([r["mem_len"] for r in rows], [r[metric] for r in rows], marker="o")
+    ax.set_xlabel("memory length (mem_len)")
     ax.set_ylabel(metric)
-    ax.set_title(f"{metric} vs attended context (tgt_len {rows[0]['tgt_len']})")
+    ax.set_title(f"{metric} vs memory (tgt_len {rows[0]['tgt_len']})")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -239,7 +239,7 @@ def results_markdown(results: dict, metric: str) -> str:
              f"{main[metric]:.3f} |"]
     if results.get("sweep"):
         lines += ["", "### Memory-length sweep", "", sweep_table(results["sweep"], metric), "",
-                  f"![{metric} vs attended context]({results['sweep_plot']})"]
+                  f"![{metric} vs memory]({results['sweep_plot']})"]
     if results.get("vanilla"):
         v = results["vanilla"]
         lines += ["", "### Vanilla sliding window vs state reuse", "",

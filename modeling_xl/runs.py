@@ -45,7 +45,7 @@ def choice(name: str, value, choices: Iterable) -> None:
 
 def check_model_source(name: str, value: str | None) -> None:
     """ValueError when `value` is meant as a local path and does not exist: absolute, relative with ./ ../, more
-    than one "/", or a 'user/name' whose 'user' is a local folder (`outputs/tiny` before that run wrote it); when it
+    than one "/"; when it
     starts with "~" (which nothing expands on the way to `from_pretrained`); or, for model_name_or_path, when it is a
     file (a folder's config.json or weights). Otherwise transformers would read it as a Hub id and fail on its
     characters or on the network."""
@@ -62,9 +62,16 @@ def check_model_source(name: str, value: str | None) -> None:
     expected = "expected a local folder (written by save_pretrained) or a Hub id 'name' / 'user/name'"
     if value.startswith(("/", ".")) or value.count("/") > 1 or os.sep != "/" and os.sep in value:
         raise ValueError(f"{name}={value!r} does not exist; {expected}")
-    if "/" in value and os.path.isdir(value.split("/")[0]):
-        raise ValueError(f"{name}={value!r} does not exist: the local folder {value.split('/')[0]!r} holds no "
-                         f"{value.split('/', 1)[1]!r} (from {os.getcwd()!r}); {expected}")
+
+
+def local_folder_hint(value: str | None) -> str:
+    """For a 'user/name' that failed to load and whose 'user' is a local folder (`outputs/tiny` before that run
+    wrote it): a sentence saying the local folder is missing, to append to the loading error; else "". (Such a name
+    may still be a Hub id, so it is not refused before the lookup.)"""
+    if not value or "/" not in value or os.path.exists(value) or not os.path.isdir(value.split("/")[0]):
+        return ""
+    first, rest = value.split("/", 1)
+    return f"; and there is no local folder {value!r}: {first!r} (from {os.getcwd()!r}) holds no {rest!r}"
 
 
 # ---- the output folder ---------------------------------------------------------------------------------------------

@@ -477,12 +477,14 @@ def test_a_resume_with_another_max_train_steps_says_the_schedule_is_rebuilt():
     from modeling_xl.training.checkpoint_validation import CheckpointError, validate_training_state
     from modeling_xl.training.checkpointing import schedule_change
 
-    state = {"step": 80, "max_train_steps": 80}
-    message = schedule_change(state, 100, "cosine")
+    state = {"step": 80, "max_train_steps": 80, "num_warmup_steps": 10}
+    message = schedule_change(state, 100, 10, "cosine")
     assert "written by a run of max_train_steps=80; this run has max_train_steps=100" in message
-    assert "the rates from step 81 on are that schedule's" in message
-    assert schedule_change(state, 80, "cosine") is None and schedule_change(state, 100, "constant") is None
-    assert schedule_change({"step": 80}, 100, "cosine") is None  # written before the length was recorded
+    assert "the rates from step 81 on are the new schedule's" in message
+    assert "num_warmup_steps=10; this run has num_warmup_steps=0" in schedule_change(state, 80, 0, "linear")
+    assert schedule_change(state, 80, 10, "cosine") is None and schedule_change(state, 100, 0, "constant") is None
+    assert schedule_change(state, 100, 10, "constant_with_warmup") is None  # it does not read the length
+    assert schedule_change({"step": 80}, 100, 0, "cosine") is None  # written before these were recorded
     with pytest.raises(CheckpointError, match="has max_train_steps=0; expected a positive integer"):
         validate_training_state({"step": 4, "max_train_steps": 0}, "step_0000004")
 
@@ -503,6 +505,28 @@ def test_a_runs_training_config_record_runs_it_again(tmp_path, caplog):
     assert again.to_dict() == expected
     json_again = parse_args(["--config", str(tmp_path / "training_config.json"), "--output_dir", str(tmp_path / "b")])
     assert json_again.to_dict() == {**expected, "config": str(tmp_path / "training_config.json")}
+    # a tokenizer from a folder (its kind and size are the run's defaults, not arguments), the old folder's and the
+    # old publication's settings (not carried into a new run)
+    (tmp_path / "tok").mkdir()
+    second = parse_args(["--preset", "debug", "--tokenizer_name", str(tmp_path / "tok"), "--output_dir",
+                         str(tmp_path / "c"), "--overwrite_output_dir", "--push_to_hub", "--hub_model_id", "me/model"])
+    save_resolved(second, tmp_path, {"resolved_batch": {}, "model_config": {}})
+    rerun = parse_args(["--config", str(tmp_path / "training_config.yaml"), "--output_dir", str(tmp_path / "d")])
+    assert rerun.tokenizer_name == str(tmp_path / "tok") and rerun.max_train_steps == second.max_train_steps
+    assert not rerun.overwrite_output_dir and not rerun.push_to_hub and rerun.hub_model_id is None
+
+
+def test_a_model_source_missing_under_a_local_folder_says_so_after_the_lookup(tmp_path, monkeypatch):
+    """`outputs/tiny` may be a Hub id, so it is looked up; when that fails and `outputs/` is here, the error adds that
+    the local folder is missing."""
+    from modeling_xl.training.models import build_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    args = parse_args(["--preset", "debug", "--model_name_or_path", "outputs/tiny"])
+    with pytest.raises(ValueError, match=r"(?s)model_name_or_path='outputs/tiny' could not be loaded \(.*\); and there is no "
+                                         r"local folder 'outputs/tiny': 'outputs' \(from .*\) holds no 'tiny'; expected"):
+        build_config(args, 52)
 
 
 def test_resume_is_suggested_only_for_an_earlier_run_that_saved_a_checkpoint(tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import datasets
 import torch
+from datasets.exceptions import DatasetGenerationError
 
 from ..data.corpora import load_split_files
 from .arguments import BUILTIN_TASKS, FinetuneArguments
@@ -79,9 +80,10 @@ def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
         except OSError:
             raise
         except Exception as error:  # datasets' own message names neither the argument nor the file
-            cause = error
-            while cause.__cause__ is not None or cause.__context__ is not None:  # datasets wraps the parser's error
-                cause = cause.__cause__ or cause.__context__
+            cause, seen = error, set()  # datasets' DatasetGenerationError wraps the parser's error: show that
+            while isinstance(cause, DatasetGenerationError) and cause.__cause__ is not None and id(cause) not in seen:
+                seen.add(id(cause))
+                cause = cause.__cause__
             raise ValueError(f"{argument} could not be read as {Path(path).suffix.lower()[1:].upper()} "
                              f"({type(cause).__name__}: {str(cause).strip()}); {expected}"
                              f"{_separator_hint(path, options)}") from error

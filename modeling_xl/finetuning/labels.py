@@ -75,20 +75,20 @@ def check_markers_among_numbers(splits: dict[str, list], describe) -> None:
 
 def warn_about_class_names(names: list[str], delimiter: str) -> None:
     """Warnings (not errors: either may be meant) for single-label class names that look like a mistake: names equal
-    but for case or surrounding spaces ("neg", "NEG"), which become classes of their own, and names holding the
-    multi-label delimiter ("sport,news") without --problem_type multi_label_classification."""
+    but for case ("neg", "NEG"; surrounding spaces are stripped before), which become classes of their own, and names
+    holding the multi-label delimiter ("sport,news") without --problem_type multi_label_classification."""
     spellings: dict[str, list[str]] = {}
     for name in names:
-        spellings.setdefault(name.strip().casefold(), []).append(name)
+        spellings.setdefault(name.casefold(), []).append(name)
     variants = [group for group in spellings.values() if len(group) > 1]
     if variants:
-        logger.warning("the training labels %s differ only in case or spaces: each is a class of its own (%d classes "
-                       "in all); expected one spelling per class, if they mean the same class",
+        logger.warning("the training labels %s differ only in case: each is a class of its own (%d classes in all); "
+                       "expected one spelling per class, if they mean the same class",
                        "; ".join(" / ".join(map(repr, group)) for group in variants[:3]), len(names))
     joined = [name for name in names if delimiter in name]
     if joined:
-        logger.warning("%d of the %d training labels hold %r (e.g. %r): each is a class of its own; for several "
-                       "labels per row pass --problem_type multi_label_classification (--label_delimiter %r)",
+        logger.warning("%d of the %d training labels hold %r (e.g. %r): each is a class of its own; if a row holds "
+                       "several labels, pass --problem_type multi_label_classification (--label_delimiter %r)",
                        len(joined), len(names), delimiter, joined[0], delimiter)
 
 

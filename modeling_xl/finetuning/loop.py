@@ -17,7 +17,8 @@ import torch
 
 from tokenization import check_vocab_matches
 
-from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run, keep_freed_host_memory
+from ..runs import (LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run, keep_freed_host_memory,
+                    local_folder_hint)
 from ..training.checkpointing import read_training_state
 from ..training.engines import refuse_split_world
 from ..training.output_guard import (MODEL_FILES, OutputDirLock, check_foreign_files, check_replaceable,
@@ -46,7 +47,7 @@ def build_model(args: FinetuneArguments, labels: LabelSpace):
     from ..configuration_transformer_xl import TransformerXLConfig
     from ..modeling_classification import TransformerXLForSequenceClassification
 
-    fields = {"num_labels": labels.num_labels, "id2label": labels.id2label(),
+    fields = {"id2label": labels.id2label(),  # which sets num_labels (passing both makes transformers warn)
               "label2id": {name: i for i, name in enumerate(labels.names)}, "problem_type": labels.problem_type}
     if args.summary_type is not None:
         fields["summary_type"] = args.summary_type
@@ -127,8 +128,8 @@ def _run_finetuning(args: FinetuneArguments) -> dict:
         raw["train"] = raw["train"].shuffle(seed=args.seed).select(keep)
     labels, targets = check_rows(raw, args)
     task = task_for(labels, args.threshold)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     model_config = _read_config(args)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     keep_types = model_config.attn_type == "bi" and args.text_pair_column is not None
     with accelerator.main_process_first():
         train, dev = (tokenize_split(raw[split], targets[split], tokenizer, args, keep_types)
@@ -217,7 +218,12 @@ def scored(accelerator, model, dev_loader, task: Task, args: FinetuneArguments, 
 def _read_config(args):
     from ..configuration_transformer_xl import TransformerXLConfig
 
-    return TransformerXLConfig.from_pretrained(args.model_name_or_path)
+    try:
+        return TransformerXLConfig.from_pretrained(args.model_name_or_path)
+    except OSError as error:  # not a local folder and not on the Hub (or offline)
+        raise ValueError(f"model_name_or_path={args.model_name_or_path!r} could not be loaded ({error})"
+                         f"{local_folder_hint(args.model_name_or_path)}; expected a folder written by save_pretrained "
+                         "or a Hub id") from None
 
 
 def check_output_is_not_an_input(args) -> None:

@@ -150,14 +150,22 @@ RUN_RECORD_KEYS = frozenset({"resolved_batch", "model_config"})
 
 
 def arguments_of_run_record(values: dict) -> dict:
-    """The arguments of a run from its `training_config` record: without the records (`RUN_RECORD_KEYS`), the file
-    the run itself read (`config`) and the Hub token placeholder; with `per_device_train_batch_size` set, without the
-    global `train_batch_size` the run computed from it (giving both is an error)."""
-    values = {k: v for k, v in values.items() if k not in RUN_RECORD_KEYS and k != "config"}
+    """The arguments of a run from its `training_config` record, for a new run of the same settings: without the
+    records (`RUN_RECORD_KEYS`), the file the run itself read (`config`), the Hub token placeholder; without what
+    belonged to the old run's folder or publication (`resume_from_checkpoint`, `overwrite_output_dir`, `push_to_hub`,
+    `hub_model_id`: give them on the command line again if meant); without the values the run derived from others
+    (the global `train_batch_size` when `per_device_train_batch_size` was set, the tokenizer kind and size when the
+    tokenizer came from a folder), which given together are an error."""
+    dropped = RUN_RECORD_KEYS | {"config", "resume_from_checkpoint", "overwrite_output_dir", "push_to_hub",
+                                 "hub_model_id"}
+    values = {k: v for k, v in values.items() if k not in dropped}
     if values.get("hub_token") == "<HUB_TOKEN>":
         values["hub_token"] = None
     if values.get("per_device_train_batch_size") is not None:
         values.pop("train_batch_size", None)
+    if values.get("tokenizer_name") is not None or values.get("model_name_or_path") is not None:
+        values.pop("tokenizer_type", None)
+        values.pop("tokenizer_vocab_size", None)
     return values
 
 
@@ -185,8 +193,8 @@ def load_config_file(path: str) -> dict:
         raise ValueError(f"config={path!r} holds a {type(values).__name__}; expected a mapping of argument: value")
     if RUN_RECORD_KEYS & set(values):  # an earlier run's training_config.yaml/.json: its arguments run it again
         values = arguments_of_run_record(values)
-        logger.info("config=%r is the record of an earlier run: %s are records, not arguments, and are skipped",
-                    path, ", ".join(RUN_RECORD_KEYS | {"config"}))
+        logger.info("config=%r is the record of an earlier run: its arguments are read without its records and "
+                    "without resume_from_checkpoint, overwrite_output_dir, push_to_hub and hub_model_id", path)
     if "config" in values:  # one file of arguments: a nested reference would be silently ignored
         raise ValueError(f"config={path!r} has a 'config' key ({values['config']!r}); expected the arguments "
                          "themselves (a config file cannot include another)")

@@ -46,6 +46,7 @@ FIELD_CHECKS = {
     "bi_data": (lambda v: isinstance(v, bool), "true or false"),
     "plm_sampling_version": _POSITIVE,
     "max_train_steps": _POSITIVE,
+    "num_warmup_steps": _NON_NEGATIVE,
 }
 
 

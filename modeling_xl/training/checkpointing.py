@@ -167,17 +167,22 @@ def check_compatible(state: dict, layout: dict, folder, max_train_steps: int, *,
                          "--max_train_steps)")
 
 
-def schedule_change(state: dict, max_train_steps: int, lr_scheduler_type: str) -> str | None:
-    """What a resume with another `max_train_steps` does to the learning rate, or None when nothing changes (same
-    length, a constant schedule, or a checkpoint that did not record its length): the scheduler is rebuilt for this
-    run's length and continues at the checkpoint's step, so the rates from there on are the new schedule's."""
-    before = state.get("max_train_steps")
-    if before is None or before == max_train_steps or lr_scheduler_type == "constant":
+def schedule_change(state: dict, max_train_steps: int, num_warmup_steps: int, lr_scheduler_type: str) -> str | None:
+    """What a resume with another `max_train_steps` or `num_warmup_steps` does to the learning rate, or None when
+    nothing changes (the same values, a schedule that does not read them, or a checkpoint that did not record them):
+    the scheduler is rebuilt for this run's values and continues at the checkpoint's step, so the rates from there on
+    are the new schedule's."""
+    reads = {"constant": (), "constant_with_warmup": ("num_warmup_steps",)}.get(
+        lr_scheduler_type, ("max_train_steps", "num_warmup_steps"))
+    now = {"max_train_steps": max_train_steps, "num_warmup_steps": num_warmup_steps}
+    changed = [key for key in reads if state.get(key) is not None and state[key] != now[key]]
+    if not changed:
         return None
-    return (f"the checkpoint at step {state['step']} was written by a run of max_train_steps={before}; this run has "
-            f"max_train_steps={max_train_steps}, so the {lr_scheduler_type} learning-rate schedule (warmup and decay) "
-            f"now spans {max_train_steps} steps and the rates from step {state['step'] + 1} on are that schedule's, "
-            f"not a continuation of the old one")
+    before = ", ".join(f"{key}={state[key]}" for key in changed)
+    after = ", ".join(f"{key}={now[key]}" for key in changed)
+    return (f"the checkpoint at step {state['step']} was written by a run of {before}; this run has {after}, so the "
+            f"{lr_scheduler_type} learning-rate schedule is rebuilt for them and the rates from step "
+            f"{state['step'] + 1} on are the new schedule's, not a continuation of the old one")
 
 
 def check_same_stream(state: dict, stream: dict, folder) -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runs import local_folder_hint
+
 logger = logging.getLogger(__name__)
 COUNT_BATCH = 500_000  # lines counted at a time when training a word-level vocabulary
 VALIDATION_FRACTION = 0.05  # held out from the end of the training rows when the corpus has no validation split
@@ -62,7 +64,7 @@ def load_tokenizer(args, corpus):
             return AutoTokenizer.from_pretrained(saved)
         except (OSError, ValueError) as error:
             name = "tokenizer_name" if args.tokenizer_name else "model_name_or_path"
-            raise ValueError(f"{name}={saved!r} has no loadable tokenizer ({error}); expected a folder with "
+            raise ValueError(f"{name}={saved!r} has no loadable tokenizer ({error}){local_folder_hint(saved)}; expected a folder with "
                              "tokenizer.json (e.g. written by scripts/train_tokenizer.py)") from None
     if args.tokenizer_type == "byte":
         from tokenization.char_level import byte_level_tokenizer

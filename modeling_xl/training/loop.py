@@ -98,7 +98,7 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
         check_process_layout(saved, layout, resume_from)  # another number of processes, same streams per chunk
         check_compatible(saved, {k: v for k, v in layout.items() if k not in PROCESS_KEYS}, resume_from,
                          args.max_train_steps)
-        change = schedule_change(saved, args.max_train_steps, args.lr_scheduler_type)
+        change = schedule_change(saved, args.max_train_steps, args.num_warmup_steps, args.lr_scheduler_type)
         if change and accelerator.is_main_process:
             logger.warning("resume_from_checkpoint=%r: %s", str(resume_from), change)
     set_seed(args.seed)
@@ -199,7 +199,7 @@ def train(accelerator, args, model, optimizer, scheduler, data, objective, state
             folder = save_checkpoint(accelerator, args.output_dir, state.step, {
                 **layout, "tokens_seen": state.tokens_seen, "eval_history": state.eval_history,
                 "elapsed_seconds": state.elapsed(), "data_position": {"segments_consumed": state.step},
-                "max_train_steps": args.max_train_steps},
+                "max_train_steps": args.max_train_steps, "num_warmup_steps": args.num_warmup_steps},
                 state.memories, args.checkpoints_total_limit)
             state.last_checkpoint = str(folder)
     progress.close()

@@ -8,6 +8,7 @@ import torch
 from transformers import get_scheduler
 
 from ..configuration_transformer_xl import TransformerXLConfig
+from ..runs import local_folder_hint
 from ..size_estimate import check_model_fits
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ def build_config(args, vocab_size: int, eos_token_id: int | None = None) -> Tran
             config = TransformerXLConfig.from_pretrained(source)
         except OSError as error:
             name = "model_name_or_path" if args.model_name_or_path else "config_name"
-            raise ValueError(f"{name}={source!r} could not be loaded ({error}); expected a folder with config.json "
+            raise ValueError(f"{name}={source!r} could not be loaded ({error}){local_folder_hint(source)}; expected a folder with config.json "
                              "written by save_pretrained") from None
         if config.vocab_size != vocab_size:
             raise ValueError(
