@@ -8,8 +8,8 @@ where the query stream g knows the position z_t but not the content x_{z_t} (Sec
     h^n_{z_t} = Attn(Q = h^{n-1}_{z_t}, KV = h^{n-1}_{z_<=t})     content stream (sees itself)
 with Transformer-XL's relative positions and memory, and the relative segment term (Sec. 2.5); the attention itself
 is `two_stream_attention.two_stream_attention`, its masks `two_stream_attention.permutation_masks` (z_<t is what
-`perm_mask` shows: the sampler hides every target from itself). Why two streams: a target must be predicted from its position without
-seeing its own content, while it must show its content to the targets after it.
+`perm_mask` shows: the sampler hides every target from itself). Why two streams: a target must be predicted from its
+position without seeing its own content, while it must show its content to the targets after it.
 
 Layout: batch-first. `perm_mask[b, i, j] = 1`: position i may NOT see the content of position j. `target_mapping[b, m]`
 is a one-hot row selecting the position of the m-th prediction (an all-zero row is padding). Memory (`mems`) is one

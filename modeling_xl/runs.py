@@ -44,11 +44,10 @@ def choice(name: str, value, choices: Iterable) -> None:
 
 
 def check_model_source(name: str, value: str | None) -> None:
-    """ValueError when `value` is meant as a local path and does not exist: absolute, relative with ./ ../, more
-    than one "/"; when it
-    starts with "~" (which nothing expands on the way to `from_pretrained`); or, for model_name_or_path, when it is a
-    file (a folder's config.json or weights). Otherwise transformers would read it as a Hub id and fail on its
-    characters or on the network."""
+    """ValueError when `value` is meant as a local path and does not exist (absolute, relative with ./ ../, or more
+    than one "/"), when it starts with "~" (which nothing expands on the way to `from_pretrained`), or, for
+    model_name_or_path, when it is a file (a folder's config.json or weights). Otherwise transformers would read it as
+    a Hub id and fail on its characters or on the network."""
     if value is None:
         return
     if value.startswith("~"):
@@ -88,8 +87,8 @@ def check_output_dir(path: str, earlier_run: Callable[[Path], list[str]], *, res
     out = Path(path)
     earlier = earlier_run(out) if out.is_dir() else []
     if earlier and not resuming and not overwrite:
-        resume = ("--resume_from_checkpoint latest to continue that run, " if any("checkpoint" in name for name in earlier)
-                  else "")  # a run that saved no checkpoint cannot be continued
+        saved_checkpoint = any("checkpoint" in name for name in earlier)  # else there is nothing to continue from
+        resume = "--resume_from_checkpoint latest to continue that run, " if saved_checkpoint else ""
         raise ValueError(f"output_dir={path!r} already holds an earlier run ({', '.join(earlier)}); expected an empty "
                          f"or new folder, {resume}or --overwrite_output_dir to start afresh there (deletes its "
                          "checkpoints and logs)")

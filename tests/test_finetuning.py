@@ -592,18 +592,19 @@ def test_an_earlier_classifier_of_other_labels_gets_a_new_class_layer(classifier
     """From the four-topic classifier: two classes (another count: the user's crash), two other names of the same
     count, and the same four topics (the class layer kept). The sequence summary is kept in every case."""
     from modeling_xl.finetuning.labels import LabelSpace
-    from modeling_xl.finetuning.loop import build_model
+    from modeling_xl.finetuning.loop import _read_config, build_model
 
     source = AutoModelForSequenceClassification.from_pretrained(classifier_folder)
     args = finetune_args(tmp_path, classifier_folder)
+    saved_config = _read_config(args)
     single = "single_label_classification"
     with caplog.at_level(logging.INFO, logger="modeling_xl.finetuning.loop"):
-        two = build_model(args, LabelSpace(single, ["0", "1"], {}))
+        two = build_model(args, LabelSpace(single, ["0", "1"], {}), saved_config)
     assert two.logits_proj.weight.shape == (2, source.config.d_model) and "its class layer is new" in caplog.text
     assert torch.equal(two.sequence_summary.summary.weight, source.sequence_summary.summary.weight)
-    renamed = build_model(args, LabelSpace(single, ["a", "b", "c", "d"], {}))
+    renamed = build_model(args, LabelSpace(single, ["a", "b", "c", "d"], {}), saved_config)
     assert not torch.equal(renamed.logits_proj.weight, source.logits_proj.weight)
-    same = build_model(args, LabelSpace(single, ["food", "music", "sport", "weather"], {}))
+    same = build_model(args, LabelSpace(single, ["food", "music", "sport", "weather"], {}), saved_config)
     assert torch.equal(same.logits_proj.weight, source.logits_proj.weight)
     assert same.config.id2label == {0: "food", 1: "music", 2: "sport", 3: "weather"}
     # the script end to end, 8-class style crash case: four topics -> two sentiment classes

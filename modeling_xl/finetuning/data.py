@@ -86,18 +86,19 @@ def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
                 cause = cause.__cause__
             raise ValueError(f"{argument} could not be read as {Path(path).suffix.lower()[1:].upper()} "
                              f"({type(cause).__name__}: {str(cause).strip()}); {expected}"
-                             f"{_separator_hint(path, options)}") from error
+                             f"{_separator_hint(path)}") from error
         if len(raw[split]) == 0:
             raise ValueError(f"{argument} has no rows; {expected}")
     return datasets.DatasetDict(raw)
 
 
-def _separator_hint(path, options: dict) -> str:
+def _separator_hint(path) -> str:
     """For a CSV/TSV whose header is split by another character than the file type's (a semicolon- or tab-separated
     .csv, a comma-separated .tsv): what to do; else ""."""
-    separator = options.get("delimiter", ",")
-    if Path(path).suffix.lower() not in (".csv", ".tsv"):
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".csv", ".tsv"):
         return ""
+    separator = LOCAL_BUILDERS[suffix][1].get("delimiter", ",")
     try:
         with open(path, encoding="utf-8-sig", errors="replace") as handle:
             header = next((line for line in handle if line.strip()), "")
@@ -108,7 +109,7 @@ def _separator_hint(path, options: dict) -> str:
     if not found:
         return ""
     wanted = "tab" if separator == "\t" else "comma"
-    return (f" (its header {header.strip()[:60]!r} is separated by {found[0]}: a {Path(path).suffix.lower()} file is "
+    return (f" (its header {header.strip()[:60]!r} is separated by {found[0]}: a {suffix} file is "
             f"read {wanted}-separated; save it comma-separated as .csv or tab-separated as .tsv)")
 
 
@@ -145,8 +146,7 @@ def check_rows(raw: datasets.DatasetDict, args: FinetuneArguments) -> tuple[Labe
             if column not in data.column_names:
                 hint = ""
                 if len(data.column_names) == 1 and args.train_file is not None:
-                    hint = _separator_hint(args.train_file if split == "train" else args.validation_file,
-                                           LOCAL_BUILDERS.get(Path(args.train_file).suffix.lower(), (None, {}))[1])
+                    hint = _separator_hint(args.train_file if split == "train" else args.validation_file)
                 raise ValueError(f"{name}={column!r} is not a column of the {split} split; expected one of "
                                  f"{data.column_names}{hint}")
         for _, column in columns[:-1]:

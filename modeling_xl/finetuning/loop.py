@@ -38,12 +38,12 @@ logger = logging.getLogger(__name__)
 FINAL_FILES = (*MODEL_FILES, LOG_FILE, RESULTS_FILE)
 
 
-def build_model(args: FinetuneArguments, labels: LabelSpace):
+def build_model(args: FinetuneArguments, labels: LabelSpace, source):
     """The classifier: a causal-LM / permutation-LM checkpoint with a new head (summary and class layer), or with
     `from_scratch` the same architecture randomly initialised. From an earlier classifier the summary is kept, and its
     class layer too when it was trained on the same labels (same names in the same order, same problem type): another
-    task (other classes, another number of them) gets a new class layer. `problem_type` is set as transformers
-    defines it."""
+    task (other classes, another number of them) gets a new class layer. `source`: the checkpoint's configuration
+    (`_read_config`). `problem_type` is set as transformers defines it."""
     from ..configuration_transformer_xl import TransformerXLConfig
     from ..modeling_classification import TransformerXLForSequenceClassification
 
@@ -54,7 +54,6 @@ def build_model(args: FinetuneArguments, labels: LabelSpace):
     if args.from_scratch:
         config = TransformerXLConfig.from_pretrained(args.model_name_or_path, **fields)
         return TransformerXLForSequenceClassification(config)
-    source = TransformerXLConfig.from_pretrained(args.model_name_or_path)
     classifier = TransformerXLForSequenceClassification.__name__ in (source.architectures or [])
     same_task = classifier and (dict(source.id2label), source.problem_type) == (fields["id2label"],
                                                                                 labels.problem_type)
@@ -146,7 +145,7 @@ def _run_finetuning(args: FinetuneArguments) -> dict:
     if resume_from is not None:  # before the model is loaded or anything is written
         saved = read_training_state(resume_from)
         check_compatible(saved, layout, resume_from, max_steps)
-    model = build_model(args, labels)
+    model = build_model(args, labels, model_config)
     # before the first batch: an id past the embedding would fail there, naming neither the model nor the tokenizer
     check_vocab_matches(tokenizer, model.config, allow_larger_model=True,
                         context=f"tokenizer_name={args.tokenizer_name or args.model_name_or_path!r} does not fit "

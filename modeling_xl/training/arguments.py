@@ -93,7 +93,8 @@ class PretrainArguments:
     perm_size: int | None = field(default=None, metadata={"help": "plm: local permutation block (default reuse_len)"})
     bi_data: bool = field(default=False, metadata={"help": "plm: half of the rows read backwards"})
     # optimisation
-    output_dir: str | None = field(default=None, metadata={"help": "where the final model, logs and checkpoints go (default: outputs/pretrain)"})
+    output_dir: str | None = field(default=None, metadata={
+        "help": "where the final model, logs and checkpoints go (default: outputs/pretrain)"})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "start afresh in an output_dir that holds an earlier run (its checkpoints, log and records are deleted; other files are kept)"})
     train_batch_size: int | None = field(default=None, metadata={"help": "global batch = number of streams (all processes)"})
     per_device_train_batch_size: int | None = field(default=None, metadata={"help": "streams per process (global = this x processes)"})

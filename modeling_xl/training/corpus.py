@@ -64,8 +64,9 @@ def load_tokenizer(args, corpus):
             return AutoTokenizer.from_pretrained(saved)
         except (OSError, ValueError) as error:
             name = "tokenizer_name" if args.tokenizer_name else "model_name_or_path"
-            raise ValueError(f"{name}={saved!r} has no loadable tokenizer ({error}){local_folder_hint(saved)}; expected a folder with "
-                             "tokenizer.json (e.g. written by scripts/train_tokenizer.py)") from None
+            raise ValueError(f"{name}={saved!r} has no loadable tokenizer ({error}){local_folder_hint(saved)}; "
+                             "expected a folder with tokenizer.json (e.g. written by scripts/train_tokenizer.py)"
+                             ) from None
     if args.tokenizer_type == "byte":
         from tokenization.char_level import byte_level_tokenizer
 

@@ -115,13 +115,14 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
                       **plm_settings(args))
     if saved is not None:  # still before anything is written or loaded
         check_same_stream(saved, stream, resume_from)
-    if (args.tokenizer_name or args.model_name_or_path) and args.objective == "clm" and not args.streaming:
-        share = unknown_share(data)
-        if share is not None and share > UNKNOWN_WARNING_SHARE and accelerator.is_main_process:
-            logger.warning("%.1f%% of the first training tokens are the tokenizer's unknown token %r (tokenizer of %s): "
-                           "the loss and perplexity will be mostly about predicting it; expected a tokenizer trained "
-                           "on this kind of text (scripts/train_tokenizer.py)", 100 * share,
-                           data.tokenizer.unk_token, args.tokenizer_name or args.model_name_or_path)
+    tokenizer_source = args.tokenizer_name or args.model_name_or_path
+    if tokenizer_source and args.objective == "clm" and not args.streaming and accelerator.is_main_process:
+        share = unknown_share(data)  # of the main process's rows: a warning, not a check
+        if share is not None and share > UNKNOWN_WARNING_SHARE:
+            logger.warning("%.1f%% of the first training tokens are the tokenizer's unknown token %r (tokenizer of "
+                           "%s): the loss and perplexity will be mostly about predicting it; expected a tokenizer "
+                           "trained on this kind of text (scripts/train_tokenizer.py)", 100 * share,
+                           data.tokenizer.unk_token, tokenizer_source)
     config = build_config(args, stream["tokenizer_vocab_size"], data.tokenizer.eos_token_id)
     objective = objective_for(args, data)
     model = build_model(args, config, objective.model_class)

@@ -36,8 +36,8 @@ def build_config(args, vocab_size: int, eos_token_id: int | None = None) -> Tran
             config = TransformerXLConfig.from_pretrained(source)
         except OSError as error:
             name = "model_name_or_path" if args.model_name_or_path else "config_name"
-            raise ValueError(f"{name}={source!r} could not be loaded ({error}){local_folder_hint(source)}; expected a folder with config.json "
-                             "written by save_pretrained") from None
+            raise ValueError(f"{name}={source!r} could not be loaded ({error}){local_folder_hint(source)}; expected a "
+                             "folder with config.json written by save_pretrained") from None
         if config.vocab_size != vocab_size:
             raise ValueError(
                 f"the tokenizer has {vocab_size} tokens but the model's vocab_size={config.vocab_size} ({source}); "
