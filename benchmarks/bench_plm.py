@@ -46,14 +46,17 @@ BATCH, SEQ_LEN, REUSE_LEN, NUM_PREDICT, PERM_SIZE = 4, 128, 64, 21, 64
 
 
 def plm_batches(n_steps: int, vocab_size: int, batch: int = BATCH, seq_len: int = SEQ_LEN, reuse_len: int = REUSE_LEN,
-                num_predict: int = NUM_PREDICT, perm_size: int = PERM_SIZE) -> list[dict]:
+                num_predict: int = NUM_PREDICT, perm_size: int = PERM_SIZE, ids: torch.Tensor | None = None) -> list[dict]:
     """Consecutive batches whose reuse halves continue each other row by row, collated by the project's sampler
-    (by default at this benchmark's shape; bench_compile.py passes the `tiny` recipe's)."""
+    (by default at this benchmark's shape; bench_compile.py passes the `tiny` recipe's). `ids`: the word ids to lay
+    out (below vocab_size - 2, at least batch * (n_steps + 1) * seq_len of them); WikiText-2's by default."""
     from modeling_xl.data.plm_sampling import PLMCollator, PLMSamplingConfig
 
     sep_id, cls_id = vocab_size - 2, vocab_size - 1
     per_row = (n_steps + 1) * seq_len
-    ids = word_level_ids(vocab_size - 2, max_tokens=batch * per_row).view(batch, -1)
+    if ids is None:
+        ids = word_level_ids(vocab_size - 2, max_tokens=batch * per_row)
+    ids = ids[: batch * per_row].view(batch, -1)
     collator = PLMCollator(PLMSamplingConfig(sep_id=sep_id, cls_id=cls_id, seq_len=seq_len, reuse_len=reuse_len,
                                              num_predict=num_predict, perm_size=perm_size))
     a_len = (seq_len - reuse_len - 3) // 2

@@ -12,6 +12,8 @@ torch random op (`torch.manual_seed`, per-device generators). The drop probabili
 stays unbiased in expectation. The comparison is integer arithmetic and the mask is applied through its bytes
 (`apply_keep`): on CPU, ops that produce or read bool tensors are several times slower than the same on uint8.
 Under `torch.compile`, which cannot trace `random_`, the masks are `torch.rand(shape) >= p` and dropout is plain ops.
+All of this is for the CPU: on other devices (CUDA) `dropout` and `relu_dropout` are torch's own fused kernels
+(`F.dropout`), and `keep_mask` (the attention's dropout on probabilities) draws `torch.rand(shape) >= p`.
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ def keep_mask(shape, p: float, device=None) -> tuple[torch.Tensor, float]:
     if threshold == 1 << _BITS:  # p rounds to 1: nothing is kept
         return torch.zeros(shape, dtype=torch.bool, device=device), 0.0
     device = torch.device(device) if device is not None else torch.get_default_device()
-    # 63 random bits per int64 are verified on CPU and CUDA only; under torch.compile (which cannot trace `random_`)
-    # the compiler's own generator draws the uniform floats
-    if device.type not in ("cpu", "cuda") or torch.compiler.is_compiling():
+    # the 15-bit trick pays on the CPU only; under torch.compile (which cannot trace `random_`) the compiler's own
+    # generator draws the uniform floats
+    if device.type != "cpu" or torch.compiler.is_compiling():
         return torch.rand(shape, device=device) >= p, 1.0 / (1.0 - p)
     words = torch.empty(-(-numel // _PER_WORD), dtype=torch.int64, device=device).random_()  # 63 uniform bits each
     quarters = words.view(torch.int16)[:numel].bitwise_and_(_LOW_BITS)  # 15 uniform bits per element
@@ -98,6 +100,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """Functional dropout (same contract as `F.dropout`, not in place)."""
     if not training or p == 0.0:
         return x
+    if x.device.type != "cpu":  # torch's fused kernel (the mask trick pays on the CPU only)
+        return torch.nn.functional.dropout(x, p, training=True)
     if torch.compiler.is_compiling():  # plain ops, for the compiler to fuse
         keep, scale = keep_mask(x.shape, p, x.device)
         return x * keep * scale
@@ -110,7 +114,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
 def relu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """dropout(relu(x), p) with the memory of one tensor (the output)."""
     p = p if training else 0.0
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.device.type != "cpu":
         return dropout(torch.relu(x), p)
     if not torch.is_grad_enabled() or not x.requires_grad:
         y = torch.relu(x)

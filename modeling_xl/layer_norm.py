@@ -6,12 +6,13 @@ first product, the next layer's projections, the softmax). Recovering the normal
 x_hat = (y - beta) / gamma, makes the input unnecessary: one [B, T, d] tensor less per LayerNorm, two per layer (4 of
 the 30 MiB a `wide` benchmark layer kept for backward; 20 MiB of its training peak). The division is exact up to
 rounding only where gamma is not small against beta, so the output is used only in float32 / float64 and only when
-every |gamma| >= |beta| / 16 and is a normal number (initialised gamma = 1, beta = 0); elsewhere, under autocast,
-while compiling and during CUDA graph capture, this is `nn.LayerNorm`. The same trick is Apex's and Megatron-LM's
+every |gamma| >= |beta| / 16 and is a normal number (initialised gamma = 1, beta = 0), and only on the CPU; elsewhere
+(on a GPU, under autocast, while compiling) this is `nn.LayerNorm`. The same trick is Apex's and Megatron-LM's
 `memory_efficient` LayerNorm.
 
-The check reads gamma and beta, a device synchronisation on a GPU, so its answer is kept until either changes in
-place (an optimizer step): one check per LayerNorm and step. Since the output is saved, modifying it in place
+The check reads gamma and beta on the host, so its answer is kept until either changes in place (an optimizer step):
+one check per LayerNorm and step. On a GPU that read would synchronise with the host at every step, which is why
+GPU tensors take `nn.LayerNorm`'s own fused kernel instead. Since the output is saved, modifying it in place
 before backward raises autograd's in-place error; this includes the last layer's output that the backbone returns
 (`last_hidden_state`), which `nn.LayerNorm` would let a caller edit in place when nothing else saved it.
 """
@@ -81,7 +82,6 @@ class LayerNorm(nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (len(self.normalized_shape) == 1 and self.weight is not None and torch.is_grad_enabled()
                 and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type)
-                and x.dtype == self.weight.dtype and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
-                and self._output_recoverable()):
+                and x.dtype == self.weight.dtype and x.device.type == "cpu" and self._output_recoverable()):
             return OutputSavingLayerNorm.apply(x, self.weight, self.bias, self.eps)
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)

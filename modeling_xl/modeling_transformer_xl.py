@@ -241,6 +241,14 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq"]
 
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """transformers' check of `attn_implementation`, plus "triton": the flash-style relative attention
+        (`triton_relative_attention`, opt-in; where it cannot run, the default path: see
+        `relative_attention.attention_implementation`)."""
+        if requested_attention == "triton":
+            return requested_attention
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
+
     def __init__(self, config: TransformerXLConfig, *inputs, **kwargs):
         config.validate_architecture()  # also what was set after the config was built (`config.mem_len = -5`)
         check_model_fits(config)  # before any parameter is built: a config of 10**9 layers is refused by its estimate

@@ -31,6 +31,8 @@ from .fused_attention import fused_relative_attention, position_product
 from .inference_cache import AppendRoom, ProjectionCache
 from .layer_norm import LayerNorm
 from .precision import at_least_float32
+from .triton_relative_attention import available as triton_available
+from .triton_relative_attention import triton_relative_attention
 
 
 def relative_positions(klen: int, qlen: int = 0, clamp_len: int = -1, bidirectional: bool = False) -> torch.Tensor:
@@ -137,14 +139,24 @@ def sdpa_attention(query, key, value, score_bias, mask, dropout_p: float = 0.0) 
 
     query [B, H, T, D] (content bias included), key/value [B, H, K, D], score_bias broadcastable to [B, H, T, K]
     (position and segment terms, unscaled), mask bool or None. The mask is folded into the float bias: SDPA's own
-    causal flag aligns top-left, which is wrong when the keys (memory included) outnumber the queries.
+    causal flag aligns top-left, which is wrong when the keys (memory included) outnumber the queries. Everything runs
+    in the keys' dtype (under autocast the biases added to the queries are float32 parameters). On CUDA a head width
+    that is not a multiple of 8 (wt103-base's 41) is zero-padded to one, so that the fused (memory-efficient) kernel
+    takes it instead of the unfused math fallback: zero columns add nothing to query . key, and the output's padded
+    columns are cut off.
     """
-    scale = 1.0 / math.sqrt(query.size(-1))
-    bias = score_bias * scale
+    d_head = query.size(-1)
+    scale = 1.0 / math.sqrt(d_head)
+    query = query.to(key.dtype)
+    bias = (score_bias * scale).to(key.dtype)
     if mask is not None:
         bias = bias.masked_fill(mask, torch.finfo(bias.dtype).min)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=bias.to(query.dtype), dropout_p=dropout_p,
-                                          scale=scale)
+    pad = -d_head % 8 if query.is_cuda else 0
+    if pad:
+        query, key, value = (F.pad(x, (0, pad)) for x in (query, key, value))
+    out = F.scaled_dot_product_attention(query, key, value.to(key.dtype), attn_mask=bias, dropout_p=dropout_p,
+                                         scale=scale)
+    return out[..., :d_head] if pad else out
 
 
 def sdpa_relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_p: float = 0.0):
@@ -161,22 +173,37 @@ RELATIVE_ATTENTION_FUNCTIONS = {
     "eager": relative_attention,
     "fused": fused_relative_attention,
     "sdpa": sdpa_relative_attention,
+    "triton": triton_relative_attention,
 }
 
+# the names a user may request (`attn_implementation=...`): the plain maths, the default, and the Triton kernel
+REQUESTABLE = ("eager", "sdpa", "triton")
 
-def attention_implementation(requested: str | None, dropout_p: float, output_attentions: bool) -> str:
-    """The one place that picks how attention runs: "eager", "fused" or "sdpa".
+
+def attention_implementation(requested: str | None, dropout_p: float, output_attentions: bool,
+                             device_type: str = "cpu", streams: bool = False) -> str:
+    """The one place that picks how attention runs: "eager", "fused", "sdpa" or "triton".
 
     `requested` is `config._attn_implementation` (`from_pretrained(..., attn_implementation="eager")`,
     `model.set_attn_implementation("eager")`). "eager" runs the reference (`relative_attention`, the two streams'
     `two_stream_attention`), with gradients too: the plain maths, the fallback that is always there. Returned
-    probabilities (`output_attentions`) also need it: the fast paths never keep them. Otherwise (the default, "sdpa"):
-    "fused" (`fused_attention`) with gradients, and without them when there is attention dropout (reentrant
-    activation checkpointing runs the forward under no_grad and recomputes it with gradients: both must draw the same
-    masks); "sdpa" without gradients, and under torch.compile, which traces plain ops and fuses them itself.
+    probabilities (`output_attentions`) also need it: the fast paths never keep them.
+    "triton" (opt-in) runs the flash-style kernel of `triton_relative_attention` where it can: Transformer-XL's
+    stream (not XLNet's two, `streams`), no attention dropout, on CUDA (or the CPU under TRITON_INTERPRET=1); elsewhere
+    the default below.
+    The default ("sdpa", or nothing requested) depends on the device. On the CPU: "fused" (`fused_attention`) with
+    gradients, and without them when there is attention dropout (reentrant activation checkpointing runs the forward
+    under no_grad and recomputes it with gradients: both must draw the same masks); "sdpa" without gradients, and
+    under torch.compile, which traces plain ops and fuses them itself. On other devices (CUDA): "sdpa" always, with
+    the position and segment terms as SDPA's additive bias (its fused CUDA kernels take a bias with a gradient); the
+    fused nodes were written for the CPU's memory and loop over score blocks in Python.
     """
     if requested == "eager" or output_attentions:
         return "eager"
+    if requested == "triton" and not streams and dropout_p == 0 and triton_available(device_type):
+        return "triton"
+    if device_type != "cpu":
+        return "sdpa"
     if (torch.is_grad_enabled() or dropout_p > 0) and not torch.compiler.is_compiling():
         return "fused"
     return "sdpa"
@@ -298,7 +325,8 @@ class RelativeMultiHeadAttention(nn.Module):
         q, key, value = self.project(h, mem, use_cache)  # [B, H, T, D], [B, H, K, D], [B, H, K, D]
         r = self.project_positions(pos_emb, use_cache)  # W_R R, [H, R, D]
         dropout_p = self.dropatt if self.training else 0.0
-        implementation = attention_implementation(self.config._attn_implementation, dropout_p, output_attentions)
+        implementation = attention_implementation(self.config._attn_implementation, dropout_p, output_attentions,
+                                                  h.device.type)
         attention = RELATIVE_ATTENTION_FUNCTIONS[implementation]
         attn_vec, probs = attention(q, key, value, r, u, v, attn_mask, h.size(1) - 1, dropout_p)  # shift T - 1
         return self.merge(h, attn_vec), (probs if output_attentions else None)

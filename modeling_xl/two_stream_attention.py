@@ -174,7 +174,8 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
         """One stream's attention vectors: q [B, H, Tq, D] its queries, k/v [B, H, K, D] from [mem; h], r
         [S, H, R, D] (rows [B/2, B) use the second table when S = 2). Returns ([B, H, Tq, D], probs or None)."""
         dropout_p = self.dropatt if self.training else 0.0
-        implementation = attention_implementation(self.config._attn_implementation, dropout_p, output_attentions)
+        implementation = attention_implementation(self.config._attn_implementation, dropout_p, output_attentions,
+                                                  q.device.type, streams=True)
         if implementation == "eager":
             attn_vec, probs = two_stream_attention(q, k, v, r, biases, self.seg_embed, shift, stream, dropout_p)
         else:

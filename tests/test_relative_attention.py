@@ -177,7 +177,15 @@ def test_attention_implementation_is_chosen_in_one_place():
         assert attention_implementation("eager", 0.1, False) == "eager"
         assert attention_implementation("sdpa", 0.0, False) == "sdpa"
         assert attention_implementation("sdpa", 0.1, False) == "fused"
-    assert set(RELATIVE_ATTENTION_FUNCTIONS) == {"eager", "fused", "sdpa"}
+    # on a GPU the default is SDPA with the position bias, with gradients too; "triton" is opt-in and needs no
+    # attention dropout, no returned probabilities and a device it can run on (here: none without the interpreter)
+    assert attention_implementation("sdpa", 0.1, False, "cuda") == "sdpa"
+    assert attention_implementation(None, 0.0, False, "cuda") == "sdpa"
+    assert attention_implementation("eager", 0.0, False, "cuda") == "eager"
+    assert attention_implementation("triton", 0.0, True, "cuda") == "eager"
+    assert attention_implementation("triton", 0.1, False, "cpu") == "fused"
+    assert attention_implementation("triton", 0.0, False, "cuda", streams=True) == "sdpa"
+    assert set(RELATIVE_ATTENTION_FUNCTIONS) == {"eager", "fused", "sdpa", "triton"}
 
 
 def relative_args(B=2, H=3, T=5, M=4, D=8, rows=0, seed=0):

@@ -1,0 +1,216 @@
+"""The Triton kernels of the flash-style relative attention (see `triton_relative_attention`, which launches them
+and holds the maths they implement). Imported only when the kernel is first used, so that TRITON_INTERPRET=1 set by a
+test before that point takes effect, and `import modeling_xl` never pays for importing triton.
+
+Tile of BLOCK_M queries (from i0) and BLOCK_N keys (from j0): query a meets key b on table row
+band0 + (b - a + BLOCK_M - 1), band0 = j0 - i0 - (BLOCK_M - 1) + shift; the tile reads the band of rows
+band0 .. band0 + BLOCK_M + BLOCK_N - 1. Scores are kept in the log2 domain (scale_log2 = log2(e) / sqrt(D)).
+"""
+
+from __future__ import annotations
+
+try:  # optional dependency: a module that cannot import it never reaches this file (`triton_relative_attention`)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the caller checks `available()` first
+    triton = None
+    tl = None
+
+
+@triton.jit
+def tile_scores(q_u, q_v, k_ptrs, r_base, offs_m, offs_n, offs_d, band0, mask_base, stride_mq, stride_mk,
+                 stride_rr, stride_rd, qlen, klen, rlen, d_head, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Scores of one tile, unscaled: (q + u) . k + band diagonals of (q + v) . r; and which entries are visible.
+    Returns (scores [BLOCK_M, BLOCK_N] fp32, visible bool, the key tile [BLOCK_N, BLOCK_D], the band
+    [BLOCK_M + BLOCK_N, BLOCK_D])."""
+    d_ok = offs_d < d_head
+    key = tl.load(k_ptrs, mask=(offs_n < klen)[:, None] & d_ok[None, :], other=0.0)
+    scores = tl.dot(q_u, tl.trans(key), input_precision=PRECISION)
+    offs_w = band0 + tl.arange(0, BLOCK_M + BLOCK_N)
+    band = tl.load(r_base + offs_w[:, None] * stride_rr + offs_d[None, :] * stride_rd,
+                   mask=((offs_w >= 0) & (offs_w < rlen))[:, None] & d_ok[None, :], other=0.0)
+    band_scores = tl.dot(q_v, tl.trans(band), input_precision=PRECISION)  # [BLOCK_M, BLOCK_M + BLOCK_N]
+    diagonal = tl.arange(0, BLOCK_N)[None, :] - tl.arange(0, BLOCK_M)[:, None] + (BLOCK_M - 1)
+    scores += tl.gather(band_scores, diagonal, 1)
+    visible = (offs_m < qlen)[:, None] & (offs_n < klen)[None, :]
+    if HAS_MASK:
+        hidden = tl.load(mask_base + offs_m[:, None] * stride_mq + offs_n[None, :] * stride_mk, mask=visible,
+                         other=1)
+        visible = visible & (hidden == 0)
+    return scores, visible, key, band
+
+@triton.jit
+def forward_kernel(Q, K, V, R, U, VB, MASK, RANGES, OUT, LSE,
+                    stride_qb, stride_qh, stride_qt, stride_qd,
+                    stride_kb, stride_kh, stride_kt, stride_kd,
+                    stride_vb, stride_vh, stride_vt, stride_vd,
+                    stride_rh, stride_rr, stride_rd, stride_uh, stride_ud,
+                    stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
+                    stride_ob, stride_oh, stride_ot, stride_od,
+                    heads, qlen, klen, rlen, d_head, shift, scale_log2,
+                    HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    block, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // heads, bh % heads
+    offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < d_head
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
+                mask=(offs_m < qlen)[:, None] & d_ok[None, :], other=0.0)
+    u = tl.load(U + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0)
+    v = tl.load(VB + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0)
+    q_u = (q.to(tl.float32) + u[None, :].to(tl.float32)).to(q.dtype)
+    q_v = (q.to(tl.float32) + v[None, :].to(tl.float32)).to(q.dtype)
+    ranges = RANGES + b * stride_gb + block * stride_gm
+    lo = (tl.load(ranges) // BLOCK_N) * BLOCK_N
+    hi = tl.load(ranges + 1)
+    mask_base = MASK + b * stride_mb
+    r_base = R + h * stride_rh
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        band0 = start - block * BLOCK_M - (BLOCK_M - 1) + shift
+        scores, visible, _, _ = tile_scores(
+            q_u, q_v, k_base + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd, r_base, offs_m,
+            offs_n, offs_d, band0, mask_base, stride_mq, stride_mk, stride_rr, stride_rd, qlen, klen, rlen,
+            d_head, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, PRECISION)
+        scores = tl.where(visible, scores * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(scores - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        value = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                        mask=(offs_n < klen)[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(value.dtype), value, input_precision=PRECISION)
+        m_i = m_new
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    tl.store(OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
+             out.to(OUT.dtype.element_ty), mask=(offs_m < qlen)[:, None] & d_ok[None, :])
+    lse = tl.where(l_i == 0.0, float("inf"), m_i + tl.log2(l_safe))  # log2 domain; inf: no visible key
+    tl.store(LSE + bh * qlen + offs_m, lse, mask=offs_m < qlen)
+
+@triton.jit
+def backward_keys_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DK, DV,
+                          stride_qb, stride_qh, stride_qt, stride_qd,
+                          stride_kb, stride_kh, stride_kt, stride_kd,
+                          stride_vb, stride_vh, stride_vt, stride_vd,
+                          stride_rh, stride_rr, stride_rd, stride_uh, stride_ud,
+                          stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
+                          stride_ob, stride_oh, stride_ot, stride_od,
+                          heads, qlen, klen, rlen, d_head, shift, scale_log2, n_query_blocks,
+                          HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """dv = P^T dO and dk = dS^T (q + u) for one key block, over the query blocks that see it. DK and DV are
+    fp32 [B, H, K, D] (contiguous); dS here is P * (dP - delta), unscaled."""
+    kblock, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // heads, bh % heads
+    offs_n = kblock * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < d_head
+    k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd
+    value = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                    mask=(offs_n < klen)[:, None] & d_ok[None, :], other=0.0)
+    u = tl.load(U + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0).to(tl.float32)
+    v = tl.load(VB + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0).to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for block in range(0, n_query_blocks):
+        ranges = RANGES + b * stride_gb + block * stride_gm
+        if (tl.load(ranges) < kblock * BLOCK_N + BLOCK_N) & (tl.load(ranges + 1) > kblock * BLOCK_N):
+            offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+            m_ok = offs_m < qlen
+            q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt
+                        + offs_d[None, :] * stride_qd, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+            q_u = (q.to(tl.float32) + u[None, :]).to(q.dtype)
+            q_v = (q.to(tl.float32) + v[None, :]).to(q.dtype)
+            band0 = kblock * BLOCK_N - block * BLOCK_M - (BLOCK_M - 1) + shift
+            scores, visible, _, _ = tile_scores(
+                q_u, q_v, k_ptrs, R + h * stride_rh, offs_m, offs_n, offs_d, band0, MASK + b * stride_mb,
+                stride_mq, stride_mk, stride_rr, stride_rd, qlen, klen, rlen, d_head, HAS_MASK, BLOCK_M, BLOCK_N,
+                BLOCK_D, PRECISION)
+            lse = tl.load(LSE + bh * qlen + offs_m, mask=m_ok, other=float("inf"))
+            p = tl.where(visible, tl.exp2(scores * scale_log2 - lse[:, None]), 0.0)
+            grad_out = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot
+                               + offs_d[None, :] * stride_od, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+            dv += tl.dot(tl.trans(p.to(grad_out.dtype)), grad_out, input_precision=PRECISION)
+            delta = tl.load(DELTA + bh * qlen + offs_m, mask=m_ok, other=0.0)
+            dp = tl.dot(grad_out, tl.trans(value), input_precision=PRECISION)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q_u, input_precision=PRECISION)
+    offs = (bh * klen + offs_n[:, None]) * d_head + offs_d[None, :]
+    ok = (offs_n < klen)[:, None] & d_ok[None, :]
+    tl.store(DK + offs, dk, mask=ok)
+    tl.store(DV + offs, dv, mask=ok)
+
+@triton.jit
+def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU, DQV, DR,
+                             stride_qb, stride_qh, stride_qt, stride_qd,
+                             stride_kb, stride_kh, stride_kt, stride_kd,
+                             stride_vb, stride_vh, stride_vt, stride_vd,
+                             stride_rh, stride_rr, stride_rd, stride_uh, stride_ud,
+                             stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
+                             stride_ob, stride_oh, stride_ot, stride_od,
+                             heads, qlen, klen, rlen, d_head, shift, scale_log2,
+                             HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """For one query block: d(q + u) = dS k and d(q + v) = dS_band r_band (fp32 [B, H, T, D] each), and the
+    band rows of dr += dS_band^T (q + v) (fp32 [H, R, D], atomic). dS_band is the tile's dS moved back onto
+    the band (the inverse of the diagonal read: entry (a, c) is dS[a, c - (BLOCK_M - 1) + a] where that key
+    exists, else 0)."""
+    block, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // heads, bh % heads
+    offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < d_head
+    m_ok = offs_m < qlen
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
+                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    u = tl.load(U + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0)
+    v = tl.load(VB + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0)
+    q_u = (q.to(tl.float32) + u[None, :].to(tl.float32)).to(q.dtype)
+    q_v = (q.to(tl.float32) + v[None, :].to(tl.float32)).to(q.dtype)
+    grad_out = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot
+                       + offs_d[None, :] * stride_od, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    lse = tl.load(LSE + bh * qlen + offs_m, mask=m_ok, other=float("inf"))
+    delta = tl.load(DELTA + bh * qlen + offs_m, mask=m_ok, other=0.0)
+    ranges = RANGES + b * stride_gb + block * stride_gm
+    lo = (tl.load(ranges) // BLOCK_N) * BLOCK_N
+    hi = tl.load(ranges + 1)
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    dq_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq_v = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # entry (a, c) of the band comes from key c - (BLOCK_M - 1) + a of the tile
+    band_key = tl.arange(0, BLOCK_M + BLOCK_N)[None, :] - (BLOCK_M - 1) + tl.arange(0, BLOCK_M)[:, None]
+    on_tile = (band_key >= 0) & (band_key < BLOCK_N)
+    band_key = tl.where(on_tile, band_key, 0)
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        band0 = start - block * BLOCK_M - (BLOCK_M - 1) + shift
+        scores, visible, key, band = tile_scores(
+            q_u, q_v, k_base + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd, R + h * stride_rh,
+            offs_m, offs_n, offs_d, band0, MASK + b * stride_mb, stride_mq, stride_mk, stride_rr, stride_rd,
+            qlen, klen, rlen, d_head, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, PRECISION)
+        p = tl.where(visible, tl.exp2(scores * scale_log2 - lse[:, None]), 0.0)
+        value = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                        mask=(offs_n < klen)[:, None] & d_ok[None, :], other=0.0)
+        dp = tl.dot(grad_out, tl.trans(value), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N] fp32, 0 where hidden
+        dq_u += tl.dot(ds.to(key.dtype), key, input_precision=PRECISION)
+        ds_band = tl.where(on_tile, tl.gather(ds, band_key, 1), 0.0)  # [BLOCK_M, BLOCK_M + BLOCK_N]
+        dq_v += tl.dot(ds_band.to(band.dtype), band, input_precision=PRECISION)
+        dr = tl.dot(tl.trans(ds_band.to(q_v.dtype)), q_v, input_precision=PRECISION)  # [band, BLOCK_D]
+        offs_w = band0 + tl.arange(0, BLOCK_M + BLOCK_N)
+        tl.atomic_add(DR + (h * rlen + offs_w[:, None]) * d_head + offs_d[None, :], dr,
+                      mask=((offs_w >= 0) & (offs_w < rlen))[:, None] & d_ok[None, :])
+    offs = (bh * qlen + offs_m[:, None]) * d_head + offs_d[None, :]
+    ok = m_ok[:, None] & d_ok[None, :]
+    tl.store(DQU + offs, dq_u, mask=ok)
+    tl.store(DQV + offs, dq_v, mask=ok)
