@@ -289,8 +289,16 @@ def check_models(check: Check) -> dict:
 
 def section_kernels(check: Check) -> dict:
     dtypes = [torch.float32, torch.bfloat16, torch.float16]
-    return {"attention": check_attention(check, dtypes), "adaptive_softmax": check_adaptive_softmax(check, dtypes),
-            "models": check_models(check)}
+    out, seconds = {}, {}
+    for name, fn in (("attention", lambda: check_attention(check, dtypes)),
+                     ("adaptive_softmax", lambda: check_adaptive_softmax(check, dtypes)),
+                     ("models", lambda: check_models(check))):
+        begin = time.perf_counter()
+        out[name] = fn()
+        seconds[name] = time.perf_counter() - begin
+        print(f"[a] {name}: {seconds[name]:.1f} s", flush=True)
+    out["seconds"] = seconds
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------- (b)
@@ -382,7 +390,23 @@ def timed_training(device, step, sizes, tokens_per_step: int) -> dict:
     return {"tokens_per_s": tokens_per_step / seconds, "step_s": seconds, "peak_mib": peak_since(device, baseline)}
 
 
-def causal_lm_side(check, impl: str, precision: str, sizes: dict) -> dict:
+def device_busy(device, step) -> dict:
+    """One `step()` under torch.profiler: the seconds the device spends in kernels and copies, and how many ran.
+    Against the step's wall time this says whether the host (Python, launches) or the device bounds the step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
+    sync(device)
+    with profile(activities=[activity]) as prof:
+        step()
+        sync(device)
+    events = [e for e in prof.key_averages() if device.type != "cuda" or getattr(e, "device_type", None) is not None]
+    field = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    busy = [e for e in events if getattr(e, field, 0) > 0] if device.type == "cuda" else events
+    return {"busy_s": sum(getattr(e, field, 0) for e in busy) / 1e6, "kernels": sum(e.count for e in busy)}
+
+
+def causal_lm_side(check, impl: str, precision: str, sizes: dict, compiled: bool = False) -> dict:
     from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 
     device = check.device
@@ -391,6 +415,9 @@ def causal_lm_side(check, impl: str, precision: str, sizes: dict) -> dict:
     torch.manual_seed(0)
     model = TransformerXLForCausalLM(config).to(device).train()
     model.set_attn_implementation(impl)
+    if compiled:  # each layer compiled on its own (the graph of one layer, reused by all)
+        for layer in model.transformer.layers:
+            layer.compile(dynamic=False)
     optimizer = torch.optim.Adam(model.parameters(), lr=2.5e-4, fused=device.type == "cuda")
     batch, tgt = sizes["wt_batch"], sizes["wt_tgt"]
     rows = zipf_ids(config.vocab_size, batch * (8 * tgt + 1)).view(batch, -1).to(device)
@@ -410,8 +437,13 @@ def causal_lm_side(check, impl: str, precision: str, sizes: dict) -> dict:
         state["mems"] = out.mems
 
     result = timed_training(device, step, sizes, batch * tgt)
-    if impl == "sdpa":
+    if impl == "sdpa" and not compiled:
         result["flops_per_token"] = counted_flops(step) / (batch * tgt)
+    if not compiled:
+        try:
+            result["device"] = device_busy(device, step)
+        except Exception as error:  # the profiler's field names move between torch releases: recorded, not fatal
+            result["device"] = {"error": f"{type(error).__name__}: {error}"}
     return result
 
 
@@ -546,21 +578,26 @@ def section_throughput(check: Check) -> dict:
     check.row("c", f"torch.mm {sizes['matmul_n']}^3", "TFLOP/s (bf16 on CUDA)", rate / 1e12)
     out["attention_ms"] = attention_timing(check, sizes)
     sides = [("eager", "bf16"), ("sdpa", "bf16")] + ([("triton", "bf16")] if available(device.type) else [])
-    sides.append(("sdpa", "tf32"))
+    sides += [("sdpa", "tf32"), ("sdpa+compile", "bf16")]
     for impl, precision in sides:
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         try:
-            out[f"ours [{impl}] {precision}"] = causal_lm_side(check, impl, precision, sizes)
+            out[f"ours [{impl}] {precision}"] = causal_lm_side(check, impl.split("+")[0], precision, sizes,
+                                                              compiled=impl.endswith("+compile"))
+        except Exception as error:  # one side failing (a compiler error, say) leaves the others standing
+            out[f"ours [{impl}] {precision}"] = {"error": f"{type(error).__name__}: {error}"}
+            check.row("c", f"train ours [{impl}] {precision}", "FAILED", f"{type(error).__name__}: {str(error)[:150]}")
+            print(traceback.format_exc(), flush=True)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = False
         check.cleanup()
     flops = out["ours [sdpa] bf16"]["flops_per_token"]
-    for key in [k for k in out if k.startswith("ours [")]:
+    for key in [k for k in out if k.startswith("ours [") and "error" not in out[k]]:
         out[key].setdefault("flops_per_token", flops)
     out.update(plm_sides(check, sizes))
     out["GPT-2"] = gpt2_side(check, sizes)
     reference = {"xlnet": out["transformers XLNet"]["tokens_per_s"], "gpt2": out["GPT-2"]["tokens_per_s"]}
-    for name, result in out.items():
+    for name, result in list(out.items()):
         if not isinstance(result, dict) or "tokens_per_s" not in result:
             continue
         result["mfu"] = result["flops_per_token"] * result["tokens_per_s"] / rate
@@ -572,6 +609,12 @@ def section_throughput(check: Check) -> dict:
         peak = "" if result["peak_mib"] is None else f", peak {result['peak_mib']:,.0f} MiB"
         check.row("c", f"train {name}", "tokens/s (MFU, peak memory)",
                   f"{result['tokens_per_s']:,.0f} ({result['mfu']:.1%}{peak})", note)
+        busy = result.get("device", {})
+        if "busy_s" in busy:
+            check.row("c", f"  {name}: device busy in one step", "ms busy / ms step (kernels)",
+                      f"{busy['busy_s'] * 1e3:.1f} / {result['step_s'] * 1e3:.1f} ({busy['kernels']:,})",
+                      f"host-bound: {1 - busy['busy_s'] / result['step_s']:.0%} idle"
+                      if busy["busy_s"] < 0.8 * result["step_s"] else "device-bound")
     return out
 
 
@@ -715,15 +758,16 @@ def main(argv=None) -> dict:
     check.results["environment"] = environment(device)
     print(json.dumps(check.results["environment"]), flush=True)
     deadline = time.perf_counter() + args.budget_s
+    path = Path(args.output)
+    path.parent.mkdir(parents=True, exist_ok=True)
     for letter in args.sections:
         check.section(letter, SECTIONS[letter], deadline)
+        path.write_text(json.dumps(check.results, indent=1, default=str) + "\n")  # kept if a later section hangs
     from common import print_table
 
     table = print_table(["section", "item", "metric", "value", "check / ratio"], check.rows)
     check.results["table"] = table
     check.results["failed"] = [r for r in check.rows if r[1] in ("FAILED", "SKIPPED") or str(r[4]).startswith("FAIL")]
-    path = Path(args.output)
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(check.results, indent=1, default=str) + "\n")
     print(f"wrote {path}", flush=True)
     return check.results
