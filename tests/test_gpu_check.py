@@ -1,0 +1,65 @@
+"""benchmarks/gpu_check.py --dry-run: the GPU check's code paths on the CPU at toy sizes, so that the check cannot rot
+between the rare runs on a GPU machine. Run as the GPU machine runs it: a fresh process in which `datasets` and
+`evaluate` cannot be imported (that machine has neither)."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RUNNER = """
+import runpy, sys
+sys.modules["datasets"] = None  # importing either now raises ImportError, as on the GPU machine
+sys.modules["evaluate"] = None
+sys.argv = ["gpu_check.py", "--dry-run", "--output", sys.argv[1]]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    output = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
+    code = RUNNER.format(script=str(REPO / "benchmarks" / "gpu_check.py"))
+    result = subprocess.run([sys.executable, "-c", code, str(output)], capture_output=True, text=True, timeout=600,
+                            cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(output.read_text()), result.stdout
+
+
+def test_every_section_runs_without_error(dry_run):
+    results, stdout = dry_run
+    for letter in "abcde":
+        assert letter in results and "error" not in results[letter] and "skipped" not in results[letter], letter
+    assert results["environment"]["device"] == "cpu"
+    assert "| section | item |" in stdout and results["table"].count("\n") > 20
+
+
+def test_kernels_match_their_references(dry_run):
+    """(a): every attention implementation (the Triton kernel under the interpreter in fp32), the adaptive softmax in
+    three precisions and both whole models pass their tolerances."""
+    kernels = dry_run[0]["a"]
+    attention = kernels["attention"]
+    assert any(name.startswith("relative_attention[triton]") for name in attention)
+    assert {name.split()[1] for name in attention} == {"fp32", "bf16", "fp16"}
+    for group in ("attention", "adaptive_softmax", "models"):
+        for name, result in kernels[group].items():
+            assert result["ok"], (group, name, result)
+
+
+def test_training_curves_and_throughput_rows(dry_run):
+    """(b) a loss per step for each precision, finite; (c)-(e) a positive rate for every side."""
+    results = dry_run[0]
+    for precision in ("fp32", "bf16", "fp16"):
+        curve = results["b"]["curves"][precision]
+        assert len(curve) == 6 and all(math.isfinite(x) for x in curve)
+    sides = [k for k, v in results["c"].items() if isinstance(v, dict) and "tokens_per_s" in v]
+    assert {"ours [sdpa] bf16", "ours [triton] bf16", "ours (permutation LM)", "transformers XLNet", "GPT-2"} <= set(
+        sides)
+    assert all(results["c"][k]["tokens_per_s"] > 0 and results["c"][k]["mfu"] > 0 for k in sides)
+    assert all(results["d"][f"{impl} mem={m}"]["tokens_per_s"] > 0 for impl in ("sdpa", "triton") for m in (8, 16))
+    generation = [k for k in results["e"] if k.startswith("ours")]
+    assert len(generation) == 4 and all(results["e"][k] > 0 for k in generation)
