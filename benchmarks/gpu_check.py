@@ -181,7 +181,7 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def check_attention(check: Check, dtypes) -> dict:
-    from modeling_xl.relative_attention import RELATIVE_ATTENTION_FUNCTIONS, relative_attention
+    from modeling_xl.relative_attention import attention_function, relative_attention
     from modeling_xl.triton_relative_attention import available
 
     device, out = check.device, {}
@@ -199,7 +199,7 @@ def check_attention(check: Check, dtypes) -> dict:
             for impl in impls:
                 if impl == "triton" and check.dry and dtype != torch.float32:
                     continue  # the interpreter computes in numpy: float32 is what it can check
-                got, _ = RELATIVE_ATTENTION_FUNCTIONS[impl](*inputs, mask, qlen - 1)
+                got, _ = attention_function(impl, device.type)(*inputs, mask, qlen - 1)
                 got_grads = torch.autograd.grad(got, inputs, grad.to(got.dtype))
                 forward = relative_error(got, want)
                 backward = max(relative_error(g, w) for g, w in zip(got_grads, want_grads))
@@ -530,7 +530,7 @@ def attention_timing(check: Check, sizes: dict) -> dict:
     of 41, tgt = mem = 192, batch 32, causal, bf16 on CUDA): SDPA with the position bias, and the Triton kernel at
     each tile size (`triton_relative_attention.TILES`)."""
     from modeling_xl import triton_relative_attention as tra
-    from modeling_xl.relative_attention import RELATIVE_ATTENTION_FUNCTIONS, causal_mask
+    from modeling_xl.relative_attention import attention_function, causal_mask
 
     device = check.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -547,7 +547,7 @@ def attention_timing(check: Check, sizes: dict) -> dict:
             tra.TILES[device.type] = tile
 
         def call():
-            result, _ = RELATIVE_ATTENTION_FUNCTIONS[impl](*inputs, mask, qlen - 1)
+            result, _ = attention_function(impl, device.type)(*inputs, mask, qlen - 1)
             torch.autograd.grad(result, inputs, grad)
 
         try:

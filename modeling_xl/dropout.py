@@ -1,5 +1,5 @@
-"""Dropout that is cheap in time and memory: a fast keep-mask, a boolean mask saved for backward, and ReLU + dropout
-as one autograd node that saves nothing but its output.
+"""The CPU kernels of dropout (`kernels` routes CPU tensors here; elsewhere `F.dropout` runs): a fast keep-mask, a
+boolean mask saved for backward, and ReLU + dropout as one autograd node that saves nothing but its output.
 
 Why not `nn.Dropout`: on CPU it draws one Mersenne-Twister float per element (`bernoulli_`, ~4 ns per element here,
 6-15% of a training step of the `wide` benchmark) and saves a float mask (4 bytes per element) for backward.
@@ -12,14 +12,13 @@ torch random op (`torch.manual_seed`, per-device generators). The drop probabili
 stays unbiased in expectation. The comparison is integer arithmetic and the mask is applied through its bytes
 (`apply_keep`): on CPU, ops that produce or read bool tensors are several times slower than the same on uint8.
 Under `torch.compile`, which cannot trace `random_`, the masks are `torch.rand(shape) >= p` and dropout is plain ops.
-All of this is for the CPU: on other devices (CUDA) `dropout` and `relu_dropout` are torch's own fused kernels
-(`F.dropout`), and `keep_mask` (the attention's dropout on probabilities) draws `torch.rand(shape) >= p`.
+All of this is for the CPU: on other devices (CUDA) `kernels.dropout` and `kernels.relu_dropout` are torch's own
+fused kernels (`F.dropout`), and `keep_mask` (the attention's dropout on probabilities) draws `torch.rand(shape) >= p`.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 _BITS = 15
 _LOW_BITS = (1 << _BITS) - 1
@@ -96,12 +95,8 @@ class _ReLUDropout(torch.autograd.Function):
         return (grad_x.mul_(ctx.scale) if ctx.scale != 1.0 else grad_x), None
 
 
-def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """Functional dropout (same contract as `F.dropout`, not in place)."""
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu":  # torch's fused kernel (the mask trick pays on the CPU only)
-        return torch.nn.functional.dropout(x, p, training=True)
+def cpu_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """dropout(x, p) in training (same contract as `F.dropout`, not in place; p > 0)."""
     if torch.compiler.is_compiling():  # plain ops, for the compiler to fuse
         keep, scale = keep_mask(x.shape, p, x.device)
         return x * keep * scale
@@ -111,11 +106,11 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     return _Dropout.apply(x, p)
 
 
-def relu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """dropout(relu(x), p) with the memory of one tensor (the output)."""
-    p = p if training else 0.0
-    if torch.compiler.is_compiling() or x.device.type != "cpu":
-        return dropout(torch.relu(x), p)
+def cpu_relu_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """dropout(relu(x), p) with the memory of one tensor (the output); p may be 0 (evaluation: relu alone)."""
+    if torch.compiler.is_compiling():
+        y = torch.relu(x)
+        return cpu_dropout(y, p) if p > 0 else y
     if not torch.is_grad_enabled() or not x.requires_grad:
         y = torch.relu(x)
         if p > 0:
@@ -123,19 +118,3 @@ def relu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tens
             y = apply_keep(y, keep, scale, inplace=True)
         return y
     return _ReLUDropout.apply(x, p)
-
-
-class Dropout(nn.Module):
-    """Drop-in for `nn.Dropout` (no parameters, same `p` attribute) built on `dropout` above."""
-
-    def __init__(self, p: float = 0.5):
-        super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"Dropout p={p!r}; expected 0 <= p <= 1")
-        self.p = p
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout(x, self.p, self.training)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"

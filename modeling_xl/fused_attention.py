@@ -434,3 +434,13 @@ def fused_relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_p
         bd = ShiftedPositionScores.apply(q, v, r, key.size(2), shift)
         return FusedBiasedAttention.apply(q + u[:, None], key, value, bd, None, dropout_p), None
     return FusedRelativeAttention.apply(q, u, v, key, value, r, mask, shift, dropout_p), None
+
+
+def fused_biased_attention(query, key, value, score_bias, mask, dropout_p: float = 0.0) -> torch.Tensor:
+    """`FusedBiasedAttention` as a function (arguments as `sdpa_attention.sdpa_attention`; returns out)."""
+    return FusedBiasedAttention.apply(query, key, value, score_bias, mask, dropout_p)
+
+
+def shifted_position_scores(q, v, r, klen: int, shift: int) -> torch.Tensor:
+    """`ShiftedPositionScores` as a function: rel_shift((q + v) r^T, klen, shift), [B, H, T, klen]."""
+    return ShiftedPositionScores.apply(q, v, r, klen, shift)

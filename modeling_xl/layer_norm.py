@@ -1,4 +1,5 @@
-"""LayerNorm whose backward reads its output instead of its input.
+"""The CPU kernel of LayerNorm (`kernels.LayerNorm` routes CPU tensors here): a LayerNorm whose backward reads its
+output instead of its input.
 
 `nn.LayerNorm` keeps its input for backward. In a post-norm layer (Transformer-XL's default) the input is the
 residual sum, which nothing else keeps, while the output is kept anyway by whatever reads it next (the feed-forward's
@@ -67,21 +68,22 @@ def output_recoverable(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
         return bool(ok.all())
 
 
-class LayerNorm(nn.LayerNorm):
-    """`nn.LayerNorm` (same parameters and state dict) that keeps its output, not its input, for backward where
-    that is exact to rounding (see the module docstring). Normalizes over the last dimension only."""
+def output_saving_layer_norm(module: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """`module(x)` (an `nn.LayerNorm` over the last dimension), keeping its output, not its input, for backward where
+    that is exact to rounding (see the module docstring); elsewhere `F.layer_norm`. The answer of the gamma/beta check
+    is kept on the module until either changes in place (an optimizer step)."""
+    weight, bias = module.weight, module.bias
+    if (len(module.normalized_shape) == 1 and weight is not None and torch.is_grad_enabled()
+            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type)
+            and x.dtype == weight.dtype and _output_recoverable(module)):
+        return OutputSavingLayerNorm.apply(x, weight, bias, module.eps)
+    return F.layer_norm(x, module.normalized_shape, weight, bias, module.eps)
 
-    _recoverable: tuple[tuple, bool] | None = None  # ((weight/bias identity and versions), output_recoverable)
 
-    def _output_recoverable(self) -> bool:
-        key = tuple((t.data_ptr(), t._version) for t in (self.weight, self.bias) if t is not None)
-        if self._recoverable is None or self._recoverable[0] != key:
-            self._recoverable = (key, output_recoverable(self.weight, self.bias))
-        return self._recoverable[1]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (len(self.normalized_shape) == 1 and self.weight is not None and torch.is_grad_enabled()
-                and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(x.device.type)
-                and x.dtype == self.weight.dtype and x.device.type == "cpu" and self._output_recoverable()):
-            return OutputSavingLayerNorm.apply(x, self.weight, self.bias, self.eps)
-        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+def _output_recoverable(module: nn.LayerNorm) -> bool:
+    key = tuple((t.data_ptr(), t._version) for t in (module.weight, module.bias) if t is not None)
+    kept = getattr(module, "_recoverable", None)  # ((weight/bias identity and versions), output_recoverable)
+    if kept is None or kept[0] != key:
+        kept = (key, output_recoverable(module.weight, module.bias))
+        module._recoverable = kept
+    return kept[1]

@@ -26,7 +26,7 @@ from transformers.utils import ModelOutput
 from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .backbones import backbone_class
 from .configuration_transformer_xl import TransformerXLConfig
-from .dropout import Dropout
+from .kernels import Dropout
 from .modeling_transformer_xl import TransformerXLPreTrainedModel
 
 

@@ -26,6 +26,7 @@ the reversed text in rows [B/2, B) (`modeling_xl.data.plm_layout`). The batch mu
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -35,11 +36,10 @@ from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
-from .adaptive_softmax import TableGradient, table_gradient_for, tied_embedding, tied_output_logits
 from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .configuration_transformer_xl import TransformerXLConfig
-from .dropout import Dropout
 from .input_checks import ids_in_range, require
+from .kernels import Dropout, kernel
 from .modeling_transformer_xl import (
     PositionwiseFF,
     TransformerXLModelOutput,
@@ -49,7 +49,7 @@ from .modeling_transformer_xl import (
     update_memory,
 )
 from .precision import at_least_float32
-from .relative_attention import relative_positions, sinusoid_table
+from .relative_positions import relative_positions, sinusoid_table
 from .two_stream_attention import Stream, TwoStreamAttention, permutation_masks, segment_mismatch
 
 
@@ -162,6 +162,12 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
     def get_input_embeddings(self):
         return self.word_emb
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embedding, by the "embedding" kernel where there is one (the tied table's gradient deferred)."""
+        lookup = kernel("embedding", input_ids.device.type)
+        h = lookup(self.word_emb, input_ids) if lookup is not None else None
+        return self.word_emb(input_ids) if h is None else h
+
     def set_input_embeddings(self, value):
         self.word_emb = value
 
@@ -200,14 +206,12 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        table_gradient: TableGradient | None = None,
         **kwargs,
     ) -> TransformerXLModelOutput | tuple:
         """`reuse_len` is how many leading tokens feed the next memory (None: all T). Left out, it is
         `config.reuse_len` (what pretraining used) where that fits the input (0 < reuse_len < seq_len), and all T for
         a shorter input, as transformers' XLNet does; given explicitly, it must fit (checked where there is a
-        memory to feed, mem_len > 0).
-        `table_gradient` (internal, from `TransformerXLForPermutationLM`): see `adaptive_softmax.TableGradient`."""
+        memory to feed, mem_len > 0)."""
         cfg = self.config
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -220,7 +224,7 @@ class TransformerXLPermutationModel(PermutationLMPreTrainedModel):
         mems = mems if mems is not None and mems[0].size(1) > 0 else None
         mlen = 0 if mems is None else mems[0].size(1)
 
-        h = tied_embedding(self.word_emb, input_ids, table_gradient) if inputs_embeds is None else inputs_embeds
+        h = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         mems = memory_like(mems, h)
         content, query = self.streams(perm_mask, attention_mask, token_type_ids, target_mapping, batch, qlen, mlen,
                                       h.device)
@@ -265,6 +269,12 @@ class TransformerXLForPermutationLM(PermutationLMPreTrainedModel):
     def get_output_embeddings(self):
         return self.lm_head
 
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The tied output layer, by the "tied_output" kernel where there is one (its table's gradient deferred)."""
+        tied = kernel("tied_output", hidden.device.type)
+        logits = tied(self.lm_head, hidden) if tied is not None else None
+        return self.lm_head(hidden) if logits is None else logits
+
     def set_output_embeddings(self, value):
         self.lm_head = value
 
@@ -288,12 +298,14 @@ class TransformerXLForPermutationLM(PermutationLMPreTrainedModel):
         """labels [B, P] (the true token of each prediction; -100 ignored), target_mask [B, P] (0 for padded
         predictions); both [B, T] without target_mapping."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        # the tied table's gradient is built once, at the end of backward (adaptive_softmax.TableGradient)
-        table_gradient = table_gradient_for(self.transformer.word_emb, self.lm_head, input_ids, inputs_embeds)
-        outputs = self.transformer(input_ids, perm_mask, target_mapping, token_type_ids, attention_mask, mems,
-                                   inputs_embeds, reuse_len, output_attentions, output_hidden_states,
-                                   return_dict=True, table_gradient=table_gradient)
-        logits = tied_output_logits(self.lm_head, outputs.last_hidden_state, table_gradient)  # [B, P, V]
+        # the tied table's gradient is built once, at the end of backward (the "tied_table_gradient" kernel)
+        defer = kernel("tied_table_gradient", self.device.type)
+        with (defer(self.transformer.word_emb, self.lm_head, input_ids, inputs_embeds) if defer is not None
+              else contextlib.nullcontext()):
+            outputs = self.transformer(input_ids, perm_mask, target_mapping, token_type_ids, attention_mask, mems,
+                                       inputs_embeds, reuse_len, output_attentions, output_hidden_states,
+                                       return_dict=True)
+            logits = self.output_logits(outputs.last_hidden_state)  # [B, P, V]
         loss = losses = None
         if labels is not None:
             expected = tuple(logits.shape[:2])

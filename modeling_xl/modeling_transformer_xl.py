@@ -20,6 +20,7 @@ The output is the adaptive softmax (`adaptive_softmax`, Grave et al. 2017) tied 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -29,22 +30,15 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
-from .adaptive_softmax import (
-    AdaptiveEmbedding,
-    AdaptiveLogSoftmax,
-    TableGradient,
-    needs_projections,
-    resize_vocabulary,
-    table_gradient_for,
-)
+from .adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, needs_projections, resize_vocabulary
 from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .configuration_transformer_xl import TransformerXLConfig
-from .dropout import Dropout, relu_dropout
 from .inference_cache import ProjectionCache
 from .inference_cache import enabled as cache_enabled
 from .input_checks import extreme_id, ids_in_range, require
-from .layer_norm import LayerNorm
-from .relative_attention import RelativeMultiHeadAttention, causal_mask, relative_positions, sinusoid_table
+from .kernels import Dropout, LayerNorm, kernel, relu_dropout
+from .relative_attention import RelativeMultiHeadAttention
+from .relative_positions import causal_mask, relative_positions, sinusoid_table
 from .size_estimate import check_model_fits
 
 
@@ -197,7 +191,7 @@ class PositionwiseFF(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         x = self.layer_norm(h) if self.pre_lnorm else h
-        if isinstance(self.act, nn.ReLU):  # one autograd node that saves only its output (dropout.py)
+        if isinstance(self.act, nn.ReLU):  # the "relu_dropout" kernel: on the CPU one node that saves its output
             inner = relu_dropout(self.layer_1(x), self.drop.p, self.training)
         else:
             inner = self.drop(self.act(self.layer_1(x)))
@@ -426,7 +420,6 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         return_dict: bool | None = None,
         attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        table_gradient: TableGradient | None = None,
         **kwargs,
     ) -> TransformerXLModelOutput | tuple:
         """`attention_mask` (optional, 1 = real token, 0 = padding) [B, T] or [B, M+T] (memory included) hides padding
@@ -437,10 +430,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         unchanged in the next call, instead of projecting it again (equal up to float rounding; see `inference_cache`,
         which also says what it cannot see). It holds keys and values of the memory in buffers with room to append
         the next segment's (`inference_cache.AppendRoom`): up to 3 (M + T) / M times the memory's size;
-        `use_cache=False` drops them and recomputes, and so does every forward with gradients.
-
-        `table_gradient` (internal, from `TransformerXLForCausalLM`): defers the tied softmax's share of the input
-        table's gradient to the embedding lookup (`adaptive_softmax.TableGradient`)."""
+        `use_cache=False` drops them and recomputes, and so does every forward with gradients."""
         cfg = self.config
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states
@@ -451,10 +441,7 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
                              f"seq_len={qlen}] or [batch={batch}, mem_len + seq_len]")
         mems = mems if mems is not None and mems[0].size(1) > 0 else None
 
-        if inputs_embeds is not None:
-            h = inputs_embeds
-        else:  # table_gradient only for our AdaptiveEmbedding (a module set with set_input_embeddings takes ids only)
-            h = self.word_emb(input_ids) if table_gradient is None else self.word_emb(input_ids, table_gradient)
+        h = self.word_emb(input_ids) if inputs_embeds is None else inputs_embeds
         mlen = 0 if mems is None else mems[0].size(1)
         mems = memory_like(mems, h)
         mask = causal_mask(qlen, mlen, cfg.same_length, cfg.mem_len, device=h.device)
@@ -530,23 +517,25 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         use_cache: bool | None = None,
         attention_mask: torch.Tensor | None = None,
-        argmax_only: bool = False,
         **kwargs,
     ) -> TransformerXLCausalLMOutput | tuple:
         """`labels` [B, T] are shifted inside (position t predicts labels[:, t+1]); `next_token_labels` [B, T] are
         already aligned (position t predicts next_token_labels[:, t]; at a segment's last position that is the first
         token of the next segment). -100 is ignored. Without labels, `logits` holds log-probabilities of the last
         `logits_to_keep` positions (0: all). `attention_mask` (1 = real token, 0 = padding) [B, T] or [B, M+T] hides
-        padding keys, `use_cache`: see `TransformerXLModel.forward`. `argmax_only` (set by greedy `generate`): the
-        log-probabilities are exact where a row's most likely token can be and -inf in the tail clusters that cannot
-        hold it (`AdaptiveLogSoftmax.argmax_log_probs`), so that their logits are not computed."""
+        padding keys, `use_cache`: see `TransformerXLModel.forward`."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if labels is not None and next_token_labels is not None:
             raise ValueError("expected at most one of labels and next_token_labels, got both")
-        table_gradient = self._table_gradient(input_ids, inputs_embeds, labels, next_token_labels)
+        with self._tied_table_gradient(input_ids, inputs_embeds, labels, next_token_labels):
+            out = self._forward(input_ids, mems, labels, next_token_labels, inputs_embeds, output_attentions,
+                                output_hidden_states, logits_to_keep, use_cache, attention_mask)
+        return out if return_dict else out.to_tuple()
+
+    def _forward(self, input_ids, mems, labels, next_token_labels, inputs_embeds, output_attentions,
+                 output_hidden_states, logits_to_keep, use_cache, attention_mask) -> TransformerXLCausalLMOutput:
         outputs = self.transformer(input_ids, mems, inputs_embeds, output_attentions, output_hidden_states,
-                                   return_dict=True, attention_mask=attention_mask, use_cache=use_cache,
-                                   table_gradient=table_gradient)
+                                   return_dict=True, attention_mask=attention_mask, use_cache=use_cache)
         hidden = outputs.last_hidden_state  # [B, T, d]
         batch, qlen = hidden.shape[:2]
         loss = losses = logits = None
@@ -563,25 +552,24 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
             valid = targets != -100
             require(ids_in_range(targets, self.config.vocab_size, ignore_index=-100),
                     f"{name} has ids outside [0, vocab_size={self.config.vocab_size}) (and not -100)")
-            losses = self.lm_head(hidden.reshape(-1, hidden.size(-1)), targets, table_gradient).view(batch, -1)
+            losses = self.lm_head(hidden.reshape(-1, hidden.size(-1)), targets).view(batch, -1)
             loss = losses.sum() / valid.sum().clamp(min=1)
         else:
             kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-            head = self.lm_head.argmax_log_probs if argmax_only else self.lm_head
-            logits = head(kept.reshape(-1, kept.size(-1))).view(batch, kept.size(1), -1)
-        out = TransformerXLCausalLMOutput(loss=loss, losses=losses, logits=logits, mems=outputs.mems,
-                                          hidden_states=outputs.hidden_states, attentions=outputs.attentions)
-        return out if return_dict else out.to_tuple()
+            logits = self.lm_head(kept.reshape(-1, kept.size(-1))).view(batch, kept.size(1), -1)
+        return TransformerXLCausalLMOutput(loss=loss, losses=losses, logits=logits, mems=outputs.mems,
+                                           hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
-    def _table_gradient(self, input_ids, inputs_embeds, labels, next_token_labels) -> TableGradient | None:
-        """A `TableGradient` when the loss's softmax shares one table with the input lookup of this forward: the
-        table's gradient is then built at the end of backward instead of at its start, when every activation is
-        alive (the peak of a training step)."""
+    def _tied_table_gradient(self, input_ids, inputs_embeds, labels, next_token_labels):
+        """The "tied_table_gradient" kernel's context when the loss's softmax shares one table with the input lookup
+        of this forward (the table's gradient is then built at the end of backward instead of at its start, when
+        every activation is alive: the peak of a training step); else a context that does nothing."""
         word_emb = self.transformer.word_emb
-        if (self.config.div_val != 1 or (labels is None and next_token_labels is None)
+        defer = kernel("tied_table_gradient", self.device.type)
+        if (defer is None or self.config.div_val != 1 or (labels is None and next_token_labels is None)
                 or not isinstance(word_emb, AdaptiveEmbedding)):
-            return None
-        return table_gradient_for(word_emb.emb_layers[0], self.lm_head.out_layers[0], input_ids, inputs_embeds)
+            return contextlib.nullcontext()
+        return defer(word_emb.emb_layers[0], self.lm_head.out_layers[0], input_ids, inputs_embeds)
 
     def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs):
         """`generate` carries our memory under `mems` (one of the state names transformers' beam search reorders
@@ -615,22 +603,26 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
                 ones = attention_mask.new_ones(attention_mask.size(0), missing)
                 attention_mask = torch.cat([ones, attention_mask], 1)
             inputs["attention_mask"] = attention_mask[:, -(mlen + input_ids.size(1)):]
-        for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache", "argmax_only"):
+        for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache"):
             if kwargs.get(name) is not None:
                 inputs[name] = kwargs[name]
         return inputs
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **model_kwargs):
-        """transformers' greedy/sampling loop; greedy decoding whose scores nothing else reads asks the forward for
-        `argmax_only` log-probabilities (tail clusters that cannot hold the best token are not computed), which
-        give the same tokens. Not with sampling, logits processors (they may lower the best token: repetition
-        penalty, bad words, ...), nor when scores or logits are returned."""
+        """transformers' greedy/sampling loop; greedy decoding whose scores nothing else reads runs inside the
+        "greedy_decoding" kernel's context: the log-probabilities of tail clusters that cannot hold the best token
+        are left at -inf instead of computed, which gives the same tokens. Not with sampling, logits processors
+        (they may lower the best token: repetition penalty, bad words, ...), nor when scores or logits are
+        returned."""
         scores_returned = generation_config.return_dict_in_generate and (
             generation_config.output_scores or generation_config.output_logits)
-        if not generation_config.do_sample and not logits_processor and not scores_returned:
-            model_kwargs["argmax_only"] = True
-        return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, *args,
-                               **model_kwargs)
+        greedy = kernel("greedy_decoding", self.device.type)
+        context = contextlib.nullcontext()
+        if greedy is not None and not generation_config.do_sample and not logits_processor and not scores_returned:
+            context = greedy(self.lm_head)
+        with context:
+            return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                                   **model_kwargs)
 
     def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None,
                                       **model_kwargs):

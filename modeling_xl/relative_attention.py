@@ -13,9 +13,11 @@ Score of query i and key j (Sec. 3.3, the four terms (a) + (c) and (b) + (d) reg
 Why `rel_shift`: the position term is computed against all R distances at once, (q + v) (W_R R)^T [T, R], and each
 row is then moved to its own distances: O(T R D) work instead of gathering a [T, K, D] tensor of position vectors.
 
-`relative_attention` below is the reference, one line per term. `attention_implementation` is the one place that
-picks how attention runs: the reference ("eager"), the fused autograd nodes of `fused_attention` (training) or SDPA
-(without gradients); tests check every fast path against the reference.
+`relative_attention` below is the reference, one line per term; the pure functions it uses (`rel_shift`, the
+sinusoid table, the causal mask) are in `relative_positions`. `attention_implementation` is the one place that picks
+how attention runs: the reference ("eager") or one of its kernels (`kernels`: the fused autograd nodes of
+`fused_attention` on the CPU, SDPA with the position bias, the Triton kernel); tests check every kernel against the
+reference.
 """
 
 from __future__ import annotations
@@ -26,85 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dropout import Dropout, dropout
-from .fused_attention import fused_relative_attention, position_product
 from .inference_cache import AppendRoom, ProjectionCache
-from .layer_norm import LayerNorm
+from .kernels import Dropout, LayerNorm, dropout, kernel
 from .precision import at_least_float32
+from .relative_positions import causal_mask, rel_shift, relative_positions, sinusoid_table  # noqa: F401 (re-exported)
 from .triton_relative_attention import available as triton_available
-from .triton_relative_attention import triton_relative_attention
-
-
-def relative_positions(klen: int, qlen: int = 0, clamp_len: int = -1, bidirectional: bool = False) -> torch.Tensor:
-    """Relative distances, largest first, covered by the position table.
-
-    Unidirectional (Transformer-XL): `klen-1, ..., 1, 0` (a query never looks forward).
-    Bidirectional (XLNet): `klen, ..., 1, 0, -1, ..., -qlen+1`.
-    Distances beyond `clamp_len` (when > 0) share the vector of `clamp_len`. Example, klen=5, clamp_len=3:
-    `[4, 3, 2, 1, 0] -> [3, 3, 2, 1, 0]`.
-    """
-    if bidirectional:
-        pos = torch.arange(klen, -qlen, -1.0)
-    else:
-        pos = torch.arange(klen - 1, -1, -1.0)
-    if clamp_len > 0:
-        pos = pos.clamp(-clamp_len, clamp_len)
-    return pos
-
-
-def sinusoid_table(pos: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Sinusoid embedding `[sin(p * w_k), cos(p * w_k)]`, w_k = 1 / 10000^(2k / dim) (Vaswani et al. 2017): [R, dim]
-    in `dtype`, computed in float32 or wider (a float64 model gets a float64 table, as the authors' code builds it
-    in the model's dtype; a 16-bit model a float32 table rounded once)."""
-    compute = torch.promote_types(dtype, torch.float32)
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=compute, device=pos.device) / dim))
-    angles = torch.outer(pos.to(compute), inv_freq)  # [R, dim/2]
-    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)
-
-
-def rel_shift(x: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
-    """Move row i of `x` left by `shift - i` and keep `klen` columns: `out[..., i, j] = x[..., i, j + shift - i]`.
-
-    `x[..., i, c]` holds the score of query i against relative-position row c; with the table starting at distance
-    `start` (row c = distance `start - c`) and M memory slots, query i (absolute M + i) meets key j at distance
-    M + i - j, i.e. row `j + (start - M) - i`, so `shift = start - M` (`T - 1` for Transformer-XL, `T` for XLNet).
-
-    Worked example (T=3, klen=R=3, shift=2; letters are the distance-ordered scores of each row, '?' garbage that the
-    causal mask hides):
-        x = [[a2 a1 a0]      out = [[a0  ?  ?]
-             [b2 b1 b0]   ->        [b1 b0  ?]
-             [c2 c1 c0]]            [c2 c1 c0]]
-    Implementation: pad one zero column on the right (rows of R + 1), flatten, and read T rows of length R starting
-    `shift` elements in: row i then starts at i * (R + 1) + shift - i. One copy (the pad), no gather.
-    """
-    *lead, qlen, rlen = x.shape
-    if klen > rlen or not 0 <= shift <= qlen:
-        raise ValueError(f"rel_shift: klen={klen}, shift={shift} do not fit {qlen} queries x {rlen} positions")
-    padded = F.pad(x, (0, 1))  # [..., T, R + 1]
-    window = padded.flatten(-2)[..., shift : shift + qlen * rlen]  # T * R elements, `shift` in
-    return window.view(*lead, qlen, rlen)[..., :klen]  # [..., T, K]
-
-
-def causal_mask(qlen: int, mlen: int, same_length: bool = False, mem_len: int = 0, device=None) -> torch.Tensor:
-    """Boolean [T, K] mask, True where query i may NOT attend key j.
-
-    Query i sits at absolute position M + i: it sees keys j <= M + i (memory plus the causal part of the segment).
-    With `same_length` (the paper's evaluation setting), every query sees the same number of keys: the newest
-    `mem_len` keys up to and including itself once the memory is full (M = mem_len), at most `mem_len` before; the
-    authors' PyTorch code and transformers do this (their TensorFlow code shows each query M + 1 keys). Example T=3,
-    M=2, mem_len=2, same_length (x = hidden; each query sees 2 keys):
-        [. . . x x]      [x . . x x]
-        [. . . . x]  ->  [x x . . x]
-        [. . . . .]      [x x x . .]
-    """
-    klen = mlen + qlen
-    ones = torch.ones(qlen, klen, dtype=torch.bool, device=device)
-    mask = torch.triu(ones, diagonal=1 + mlen)
-    if same_length and mem_len > 0:  # with no memory window the legacy formula would hide every key: ignore it
-        visible = klen - mem_len
-        shift = qlen - visible if visible > 0 else qlen
-        mask = mask | torch.tril(ones, diagonal=-shift)
-    return mask
 
 
 def masked_softmax_attention(scores: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
@@ -133,48 +61,6 @@ def relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_p: floa
     bd = rel_shift(torch.matmul(q + v[:, None], r.transpose(-1, -2)), key.size(2), shift)  # position, [B, H, T, K]
     return masked_softmax_attention(ac + bd, value, mask, dropout_p)
 
-
-def sdpa_attention(query, key, value, score_bias, mask, dropout_p: float = 0.0) -> torch.Tensor:
-    """softmax((query . key + score_bias) / sqrt(D), masked) @ value by torch's `scaled_dot_product_attention`.
-
-    query [B, H, T, D] (content bias included), key/value [B, H, K, D], score_bias broadcastable to [B, H, T, K]
-    (position and segment terms, unscaled), mask bool or None. The mask is folded into the float bias: SDPA's own
-    causal flag aligns top-left, which is wrong when the keys (memory included) outnumber the queries. Everything runs
-    in the keys' dtype (under autocast the biases added to the queries are float32 parameters). On CUDA a head width
-    that is not a multiple of 8 (wt103-base's 41) is zero-padded to one, so that the fused (memory-efficient) kernel
-    takes it instead of the unfused math fallback: zero columns add nothing to query . key, and the output's padded
-    columns are cut off.
-    """
-    d_head = query.size(-1)
-    scale = 1.0 / math.sqrt(d_head)
-    query = query.to(key.dtype)
-    bias = (score_bias * scale).to(key.dtype)
-    if mask is not None:
-        bias = bias.masked_fill(mask, torch.finfo(bias.dtype).min)
-    pad = -d_head % 8 if query.is_cuda else 0
-    if pad:
-        query, key, value = (F.pad(x, (0, pad)) for x in (query, key, value))
-    out = F.scaled_dot_product_attention(query, key, value.to(key.dtype), attn_mask=bias, dropout_p=dropout_p,
-                                         scale=scale)
-    return out[..., :d_head] if pad else out
-
-
-def sdpa_relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_p: float = 0.0):
-    """`relative_attention` with the softmax and value product by SDPA (arguments as there; returns (out, None)).
-    The position product is `position_product`'s, one product per head: the reference's broadcast `matmul` copies
-    r once per batch row ([B, H, D, R], the largest copy of a generation step)."""
-    bd = rel_shift(position_product(q + v[:, None], r), key.size(2), shift)
-    return sdpa_attention(q + u[:, None], key, value, bd, mask, dropout_p), None
-
-
-# How the Transformer-XL attention runs, by `attention_implementation`'s answer; every entry takes the arguments of
-# `relative_attention` and returns (out, probs or None).
-RELATIVE_ATTENTION_FUNCTIONS = {
-    "eager": relative_attention,
-    "fused": fused_relative_attention,
-    "sdpa": sdpa_relative_attention,
-    "triton": triton_relative_attention,
-}
 
 # the names a user may request (`attn_implementation=...`): the plain maths, the default, and the Triton kernel
 REQUESTABLE = ("eager", "sdpa", "triton")
@@ -207,6 +93,14 @@ def attention_implementation(requested: str | None, dropout_p: float, output_att
     if (torch.is_grad_enabled() or dropout_p > 0) and not torch.compiler.is_compiling():
         return "fused"
     return "sdpa"
+
+
+def attention_function(implementation: str, device_type: str):
+    """The function that runs `implementation` (`attention_implementation`'s answer) on `device_type`: the reference
+    for "eager", else the registered kernel (the reference where none is)."""
+    if implementation == "eager":
+        return relative_attention
+    return kernel(f"relative_attention.{implementation}", device_type) or relative_attention
 
 
 class RelativeMultiHeadAttention(nn.Module):
@@ -327,6 +221,6 @@ class RelativeMultiHeadAttention(nn.Module):
         dropout_p = self.dropatt if self.training else 0.0
         implementation = attention_implementation(self.config._attn_implementation, dropout_p, output_attentions,
                                                   h.device.type)
-        attention = RELATIVE_ATTENTION_FUNCTIONS[implementation]
+        attention = attention_function(implementation, h.device.type)
         attn_vec, probs = attention(q, key, value, r, u, v, attn_mask, h.size(1) - 1, dropout_p)  # shift T - 1
         return self.merge(h, attn_vec), (probs if output_attentions else None)

@@ -49,10 +49,10 @@ def available(device_type: str = "cuda") -> bool:
 
 
 def _kernels():
-    """The kernel module, imported on first use (see its docstring)."""
-    from . import triton_relative_kernels
+    """The kernels, imported on first use (see `triton_relative_kernels`)."""
+    from .triton_relative_kernels import backward_keys_kernel, backward_queries_kernel, forward_kernel
 
-    return triton_relative_kernels
+    return forward_kernel, backward_keys_kernel, backward_queries_kernel
 
 
 def key_ranges(mask: torch.Tensor | None, batch: int, qlen: int, klen: int, block_m: int) -> torch.Tensor:
@@ -142,7 +142,7 @@ class TritonRelativeAttention(torch.autograd.Function):
             out = torch.empty(batch, qlen, heads, d_head, dtype=dtype, device=q.device).transpose(1, 2)
             lse = torch.empty(batch * heads, qlen, dtype=torch.float32, device=q.device)
             grid = (_cdiv(qlen, block_m), batch * heads)
-            _kernels().forward_kernel[grid](
+            _kernels()[0][grid](
                 q, key, value, r, u, v, _mask_arg(mask3, q), ranges, out, lse,
                 *_strides4(q), *_strides4(key), *_strides4(value), *r.stride(), *u.stride(),
                 *_mask_strides(mask3, stride_mb), *_range_strides(ranges),
@@ -175,10 +175,10 @@ class TritonRelativeAttention(torch.autograd.Function):
                         num_warps=warps)
             mask_arg = _mask_arg(mask3, q)
             n_query_blocks = _cdiv(qlen, block_m)
-            _kernels().backward_keys_kernel[(_cdiv(klen, block_n), batch * heads)](
+            _kernels()[1][(_cdiv(klen, block_n), batch * heads)](
                 q, key, value, r, u, v, mask_arg, ranges, grad_out, lse, delta, grad_key, grad_value, *common,
                 n_query_blocks, **meta)
-            _kernels().backward_queries_kernel[(n_query_blocks, batch * heads)](
+            _kernels()[2][(n_query_blocks, batch * heads)](
                 q, key, value, r, u, v, mask_arg, ranges, grad_out, lse, delta, grad_qu, grad_qv, grad_r, *common,
                 **meta)
             scale = 1.0 / math.sqrt(d_head)

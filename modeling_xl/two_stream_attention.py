@@ -29,14 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fused_attention import FusedBiasedAttention, ShiftedPositionScores, position_product
-from .relative_attention import (
-    RelativeMultiHeadAttention,
-    attention_implementation,
-    masked_softmax_attention,
-    rel_shift,
-    sdpa_attention,
-)
+from .kernels import kernel
+from .relative_attention import RelativeMultiHeadAttention, attention_implementation, masked_softmax_attention
+from .relative_positions import rel_shift
 
 
 def relative_scores_at(scores: torch.Tensor, query_pos: torch.Tensor, klen: int, shift: int) -> torch.Tensor:
@@ -185,23 +180,27 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
         return attn_vec, (probs if output_attentions else None)
 
     def fast_attention(self, q, k, v, r, biases, shift: int, stream: Stream, dropout_p: float, implementation: str):
-        """`two_stream_attention`'s output (tested against it), the score terms summed into one bias for the fused
-        node ("fused") or SDPA ("sdpa"). The content stream's position term is one node (`ShiftedPositionScores`: no
-        padded copy, one gradient buffer); with one table, products are taken per head over all batch rows
-        (`position_product`, the table never copied per row)."""
+        """`two_stream_attention`'s output (tested against it), the score terms summed into one bias for the
+        "biased_attention" kernel of `implementation` ("fused": one autograd node on the CPU; "sdpa"). The content
+        stream's position term is the "shifted_position_scores" kernel (one node, no padded copy, one gradient
+        buffer); with one table, products are taken per head over all batch rows ("position_product")."""
         r_w_bias, r_r_bias, r_s_bias = biases
-        klen = k.size(2)
-        if stream.positions is None and not torch.compiler.is_compiling():
-            bd = ShiftedPositionScores.apply(q, r_r_bias, r, klen, shift)  # [B, H, Tq, K]
+        klen, device = k.size(2), q.device.type
+        shifted = kernel("shifted_position_scores", device) if not torch.compiler.is_compiling() else None
+        if stream.positions is None and shifted is not None:
+            bd = shifted(q, r_r_bias, r, klen, shift)  # [B, H, Tq, K]
         else:  # the query stream, or plain ops for torch.compile to trace
             q_v = q + r_r_bias[:, None]
-            bd = position_product(q_v, r[0]) if r.size(0) == 1 else table_products(q_v, r)  # [B, H, Tq, R]
-            bd = shift_to_keys(bd, klen, shift, stream.positions)
+            per_head = kernel("position_product", device)
+            bd = per_head(q_v, r[0]) if r.size(0) == 1 and per_head is not None else table_products(q_v, r)
+            bd = shift_to_keys(bd, klen, shift, stream.positions)  # [B, H, Tq, R] -> [B, H, Tq, K]
         if stream.mismatch is not None:
             bd = segment_scores(q, r_s_bias, self.seg_embed, stream.mismatch).add_(bd)  # a new tensor: add in place
-        if implementation == "fused":
-            return FusedBiasedAttention.apply(q + r_w_bias[:, None], k, v, bd, stream.mask, dropout_p)
-        return sdpa_attention(q + r_w_bias[:, None], k, v, bd, stream.mask, dropout_p)
+        attention = kernel(f"biased_attention.{implementation}", device)
+        if attention is None:  # no kernel (reference_only): the plain softmax of the same score sum
+            return masked_softmax_attention(torch.matmul(q + r_w_bias[:, None], k.transpose(-1, -2)) + bd, v,
+                                            stream.mask, dropout_p)[0]
+        return attention(q + r_w_bias[:, None], k, v, bd, stream.mask, dropout_p)
 
     def forward(self, h, g, pos_emb, content: Stream, query: Stream | None, mem=None, shared_biases=None,
                 output_attentions: bool = False, content_output: bool = True):

@@ -1,8 +1,14 @@
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Before anything imports triton (torch.compile's tests do): triton's interpreter must be on from its import for the
+# Triton kernel's CPU tests (tests/test_triton_attention.py); the suite runs without a GPU, where nothing else runs
+# triton. A machine with CUDA keeps its compiled kernels.
+if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

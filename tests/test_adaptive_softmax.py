@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from modeling_xl import TransformerXLConfig
-from modeling_xl.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, GatheredLogSoftmax, cluster_bounds
+from modeling_xl.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
+from modeling_xl.softmax_kernels import GatheredLogSoftmax, argmax_log_probs, deferred_table_gradient
 
 
 def make(div_val=2, cutoffs=(20, 50), d_embed=16, d_model=16, vocab=97):
@@ -109,7 +110,7 @@ def test_gathered_log_softmax_gradients():
 def test_gathered_log_softmax_consuming_its_logits():
     """`consume=True` writes the log-probabilities over the logits (a product's output): same values and gradients
     as the plain ops, in row blocks smaller than the table, with a gradient on the returned log-probabilities too."""
-    import modeling_xl.adaptive_softmax as adaptive
+    import modeling_xl.softmax_kernels as adaptive
 
     torch.manual_seed(0)
     weight = torch.randn(5, 3000, dtype=torch.float64, requires_grad=True)  # rows of 24,000 bytes: 174 per block
@@ -173,7 +174,7 @@ def test_deferred_table_gradient_equals_immediate(d_embed):
     step; every gradient must equal the one the softmax computes itself (used twice, with a -100 target). The head
     (20 rows x 16 against 21 tokens' 22 logits and 16 states) is multiplied out at once, the tails are kept as their
     logits' gradients and states: both kinds of deferred piece, each written and then accumulated."""
-    from modeling_xl.adaptive_softmax import TableGradient
+    from modeling_xl.softmax_kernels import TableGradient
 
     class Spy(TableGradient):
         kinds = set()
@@ -188,10 +189,11 @@ def test_deferred_table_gradient_equals_immediate(d_embed):
     ids, t = torch.randint(0, 97, (3, 7)), torch.randint(0, 97, (21,))
     t[4] = -100
     grads = []
-    for deferred in (None, Spy()):
+    for deferred in (None, Spy(emb.emb_layers[0].weight)):
         emb.zero_grad(), crit.zero_grad()
-        h = torch.tanh(emb(ids, deferred)).reshape(-1, 16)
-        (crit(h, t, deferred).sum() + 0.5 * crit(h[:5], t[:5], deferred).sum()).backward()
+        with deferred_table_gradient(deferred):
+            h = torch.tanh(emb(ids)).reshape(-1, 16)
+            (crit(h, t).sum() + 0.5 * crit(h[:5], t[:5]).sum()).backward()
         grads.append([p.grad.clone() for p in [*emb.parameters(), *crit.parameters()]])
         if deferred is not None:
             assert deferred.looked_up and deferred.terms == []
@@ -203,7 +205,7 @@ def test_deferred_table_gradient_equals_immediate(d_embed):
 def test_deferred_table_gradient_over_several_backward_passes():
     """Per backward pass: a pass that never reaches the lookup (`autograd.grad` of another input, graph retained)
     leaves nothing behind for the next one, and two full passes give twice the gradient."""
-    from modeling_xl.adaptive_softmax import TableGradient, tied_embedding, tied_output_logits
+    from modeling_xl.softmax_kernels import TableGradient, embedding_lookup, tied_output_logits
 
     torch.manual_seed(0)
     embedding, output = torch.nn.Embedding(10, 4).double(), torch.nn.Linear(4, 10).double()
@@ -213,13 +215,16 @@ def test_deferred_table_gradient_over_several_backward_passes():
     ids = torch.tensor([[1, 2, 3], [3, 9, 0]])
 
     def loss(deferred):
-        hidden = torch.tanh(tied_embedding(embedding, ids, deferred) @ inner)
-        return tied_output_logits(output, hidden, deferred).logsumexp(-1).sum()
+        with deferred_table_gradient(deferred):
+            looked_up, logits = embedding_lookup(embedding, ids), None
+            hidden = torch.tanh((embedding(ids) if looked_up is None else looked_up) @ inner)
+            logits = tied_output_logits(output, hidden)
+            return (output(hidden) if logits is None else logits).logsumexp(-1).sum()
 
     loss(None).backward()
     want = table.grad.clone()
     table.grad = None
-    out = loss(TableGradient())
+    out = loss(TableGradient(table))
     torch.autograd.grad(out, [inner], retain_graph=True)
     out.backward(retain_graph=True)
     torch.testing.assert_close(table.grad, want)
@@ -267,7 +272,7 @@ def _fsdp2_worker(rank: int, world: int, port: int, head: str, result_path: str)
 
     from small_lms import lm_batch, small_lm
 
-    import modeling_xl.adaptive_softmax as adaptive_softmax
+    import modeling_xl.softmax_kernels as adaptive_softmax
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -329,7 +334,7 @@ def test_argmax_log_probs_equal_forward_where_computed_and_keep_the_argmax(div_v
         crit.cluster_bias.fill_(cluster_bias)
     h = torch.randn(9, 16)
     with torch.no_grad():
-        full, fast = crit(h), crit.argmax_log_probs(h)
+        full, fast = crit.log_probs(h), argmax_log_probs(crit, h)
     computed = torch.isfinite(fast)
     torch.testing.assert_close(fast[computed], full[computed], rtol=1e-6, atol=1e-6)
     assert torch.equal(fast.argmax(-1), full.argmax(-1))
@@ -359,9 +364,9 @@ def test_argmax_log_probs_compute_a_tail_only_for_the_rows_that_may_need_it():
         rows_seen = []
         original = crit.cluster_logits
         crit.cluster_logits = lambda x, i, weights=None: rows_seen.append((i, x.size(0))) or original(x, i, weights)
-        fast = crit.argmax_log_probs(h)
+        fast = argmax_log_probs(crit, h)
         del crit.cluster_logits
-        full = crit(h)
+        full = crit.log_probs(h)
     computed = torch.isfinite(fast)
     tails = [(i, n) for i, n in rows_seen if i > 0]
     assert tails and all(n < 6 for _, n in tails), rows_seen  # some rows computed a tail, never all six
@@ -370,5 +375,5 @@ def test_argmax_log_probs_compute_a_tail_only_for_the_rows_that_may_need_it():
     torch.testing.assert_close(fast[computed], full[computed], rtol=1e-6, atol=1e-6)
     assert torch.equal(fast.argmax(-1), full.argmax(-1))
     for row in range(6):  # each row as if alone
-        alone = crit.argmax_log_probs(h[row:row + 1])[0]
+        alone = argmax_log_probs(crit, h[row:row + 1])[0]
         assert torch.equal(torch.isfinite(alone), computed[row])

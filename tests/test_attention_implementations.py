@@ -77,9 +77,8 @@ def test_eager_training_matches_the_fused_path(head, dropout, monkeypatch):
     fast = causal_lm(dropout) if head == "causal" else permutation_lm(dropout)
     eager = copy.deepcopy(fast)
     calls = []
-    reference = relative_attention.RELATIVE_ATTENTION_FUNCTIONS["eager"]
-    monkeypatch.setitem(relative_attention.RELATIVE_ATTENTION_FUNCTIONS, "eager",
-                        lambda *a, **k: calls.append(1) or reference(*a, **k))
+    reference = relative_attention.relative_attention
+    monkeypatch.setattr(relative_attention, "relative_attention", lambda *a, **k: calls.append(1) or reference(*a, **k))
     fast_losses, fast_grads = train(fast, head, "sdpa")
     assert not calls
     eager_losses, eager_grads = train(eager, head, "eager")
@@ -98,8 +97,8 @@ def test_from_pretrained_attn_implementation_eager_runs_the_reference(tmp_path, 
     loaded = TransformerXLForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
     assert loaded.config._attn_implementation == "eager"
     calls = []
-    reference = relative_attention.RELATIVE_ATTENTION_FUNCTIONS["eager"]
-    monkeypatch.setitem(relative_attention.RELATIVE_ATTENTION_FUNCTIONS, "eager",
+    reference = relative_attention.relative_attention
+    monkeypatch.setattr(relative_attention, "relative_attention",
                         lambda *a, **k: calls.append(torch.is_grad_enabled()) or reference(*a, **k))
     x = torch.randint(0, V, (2, 5))
     loaded.train()(x, labels=x).loss.backward()

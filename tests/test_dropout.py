@@ -1,10 +1,12 @@
-"""The package's dropout (modeling_xl/dropout.py): mask statistics, seeding, and gradients against the plain ops."""
+"""Dropout (`kernels.dropout`, and its CPU kernel modeling_xl/dropout.py): mask statistics, seeding, and gradients
+against the plain ops."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from modeling_xl.dropout import Dropout, dropout, keep_mask, relu_dropout
+from modeling_xl.dropout import keep_mask
+from modeling_xl.kernels import Dropout, dropout, relu_dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])

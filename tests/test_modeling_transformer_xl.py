@@ -594,16 +594,19 @@ def test_float64_model_builds_its_position_table_in_float64():
 
 
 @pytest.mark.parametrize("cluster_bias", [-4.0, 0.0, 2.0])
-def test_greedy_generate_with_argmax_only_log_probs_equals_the_plain_path(cluster_bias):
-    """Greedy `generate` asks for `argmax_only` log-probs (tail clusters that cannot hold the best token are not
+def test_greedy_generate_with_argmax_only_log_probs_equals_the_plain_path(cluster_bias, monkeypatch):
+    """Greedy `generate` runs in the "greedy_decoding" context (tail clusters that cannot hold the best token are not
     computed); the tokens equal the plain path's (taken when scores are returned) and the hand-written loop's, over
     steps where the tails are skipped and steps where they are computed."""
     model = spiced(model_for(mem_len=6, cutoffs=[20, 50]))
     with torch.no_grad():
         model.lm_head.cluster_bias.fill_(cluster_bias)
+    from modeling_xl import softmax_kernels
+
     calls = []
-    fast = model.lm_head.argmax_log_probs
-    model.lm_head.argmax_log_probs = lambda hidden: calls.append(hidden.size(0)) or fast(hidden)
+    fast = softmax_kernels.argmax_log_probs
+    monkeypatch.setattr(softmax_kernels, "argmax_log_probs",
+                        lambda softmax, hidden: calls.append(hidden.size(0)) or fast(softmax, hidden))
     x = torch.randint(1, 97, (3, 5))
     kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
     gen = model.generate(x, **kwargs)

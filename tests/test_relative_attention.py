@@ -11,17 +11,11 @@ from modeling_xl.fused_attention import (
     ShiftedPositionScores,
     fused_relative_attention,
 )
-from modeling_xl.relative_attention import (
-    RELATIVE_ATTENTION_FUNCTIONS,
-    attention_implementation,
-    causal_mask,
-    masked_softmax_attention,
-    rel_shift,
-    relative_attention,
-    relative_positions,
-    sdpa_attention,
-    sinusoid_table,
-)
+from modeling_xl.kernels import REGISTRY
+from modeling_xl.relative_attention import attention_function, attention_implementation, masked_softmax_attention
+from modeling_xl.relative_attention import relative_attention
+from modeling_xl.relative_positions import causal_mask, rel_shift, relative_positions, sinusoid_table
+from modeling_xl.sdpa_attention import sdpa_attention
 
 
 def naive_shift(x, klen, shift):
@@ -185,7 +179,8 @@ def test_attention_implementation_is_chosen_in_one_place():
     assert attention_implementation("triton", 0.0, True, "cuda") == "eager"
     assert attention_implementation("triton", 0.1, False, "cpu") == "fused"
     assert attention_implementation("triton", 0.0, False, "cuda", streams=True) == "sdpa"
-    assert set(RELATIVE_ATTENTION_FUNCTIONS) == {"eager", "fused", "sdpa", "triton"}
+    assert {op.split(".")[1] for op in REGISTRY if op.startswith("relative_attention.")} == {"fused", "sdpa", "triton"}
+    assert attention_function("eager", "cpu") is relative_attention
 
 
 def relative_args(B=2, H=3, T=5, M=4, D=8, rows=0, seed=0):
@@ -221,7 +216,7 @@ def test_fast_paths_match_the_reference_forward_and_backward(implementation, mle
     B, T = 2, 5
     args = relative_args(B=B, T=T, M=mlen)
     mask = mask_of(mask_kind, B, T, mlen)
-    out, _ = RELATIVE_ATTENTION_FUNCTIONS[implementation](*args, mask, T - 1)
+    out, _ = attention_function(implementation, "cpu")(*args, mask, T - 1)
     want, _ = relative_attention(*args, mask, T - 1)
     torch.testing.assert_close(out, want)
     if implementation == "sdpa" and mask_kind == "fully_masked_row":

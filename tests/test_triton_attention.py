@@ -1,12 +1,15 @@
 """The flash-style Triton relative attention against the reference, on the CPU under triton's interpreter.
 
-`TRITON_INTERPRET=1` is set when this module is collected, before the kernel module is first imported (it is imported
-on first use), so the kernels run as numpy on the CPU: slow but exact, enough at small shapes. The same comparisons on
-CUDA in fp32 / bf16 / fp16 are section (a) of benchmarks/gpu_check.py.
+`TRITON_INTERPRET=1` is set by conftest.py before anything imports triton (the interpreter must be on from triton's
+import), and for every test here; the kernel module, imported on first use, is imported again if it was first
+imported without it. The kernels then run as numpy on the CPU: slow but exact, enough at small shapes. The same comparisons on CUDA in fp32 / bf16 / fp16 are section (a) of
+benchmarks/gpu_check.py.
 """
 
+import importlib
 import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -15,11 +18,22 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (pip install triton; the dev extra has it)", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"
 
-from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM  # noqa: E402
+from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, kernels  # noqa: E402
 from modeling_xl import relative_attention as ra  # noqa: E402
 from modeling_xl.modeling_transformer_xl import with_key_padding  # noqa: E402
-from modeling_xl.relative_attention import causal_mask, relative_attention  # noqa: E402
+from modeling_xl.relative_attention import relative_attention  # noqa: E402
+from modeling_xl.relative_positions import causal_mask  # noqa: E402
 from modeling_xl.triton_relative_attention import key_ranges, triton_relative_attention  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    """The interpreter on, and the kernels made under it (another test of the session may have imported the kernel
+    module while the variable was unset: its functions would then be compiled-mode ones)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    module = sys.modules.get("modeling_xl.triton_relative_kernels")
+    if module is not None and type(module.forward_kernel).__name__ != "InterpretedFunction":
+        importlib.reload(module)
 
 
 def inputs(batch, heads, qlen, klen, d_head, rlen=None, dtype=torch.float32, seed=0):
@@ -78,7 +92,7 @@ def test_unmasked_bidirectional_table_matches_reference():
 
 def test_clamped_table_matches_reference():
     """clamp_len lives in the table (repeated rows); the kernel reads rows by index, so it needs nothing else."""
-    from modeling_xl.relative_attention import relative_positions, sinusoid_table
+    from modeling_xl.relative_positions import relative_positions, sinusoid_table
 
     qlen, mlen, d_head, heads = 18, 14, 16, 2
     pos = relative_positions(qlen + mlen, clamp_len=9)
@@ -137,12 +151,12 @@ def test_model_with_triton_equals_eager_over_two_segments(tmp_path):
     fast = TransformerXLForCausalLM.from_pretrained(tmp_path, attn_implementation="triton")
     assert fast.config._attn_implementation == "triton"
     calls = []
-    original = ra.RELATIVE_ATTENTION_FUNCTIONS["triton"]
-    ra.RELATIVE_ATTENTION_FUNCTIONS["triton"] = lambda *a, **k: calls.append(1) or original(*a, **k)
+    original = kernels.kernel("relative_attention.triton", "cpu")
+    kernels.register_kernel("relative_attention.triton", "cpu", lambda *a, **k: calls.append(1) or original(*a, **k))
     try:
         fast_loss, fast_grads = run(fast)
     finally:
-        ra.RELATIVE_ATTENTION_FUNCTIONS["triton"] = original
+        kernels.register_kernel("relative_attention.triton", "cpu", original)
     eager_loss, eager_grads = run(eager)
     assert len(calls) == 2 * config.n_layer
     torch.testing.assert_close(fast_loss, eager_loss, atol=1e-5, rtol=1e-5)
