@@ -4,7 +4,8 @@ transformers 5 `GPT2LMHeadModel` of the same depth, width and vocabulary with it
 
 Shape: issue 22's d_model 256 model (4 layers, 8 heads x 32, d_inner 1,024, WikiText-2's 33,278 words, adaptive
 softmax with cutoffs 2k/10k/20k, div_val 1, mem_len 128); GPT-2 gets the same n_layer, n_embd, n_head, n_inner and
-a full 33,278-word output layer. Work: greedy decoding (`do_sample=False`, one beam) of exactly `--new-tokens` (200)
+a full 33,278-word output layer. Work: `--modes` (default greedy decoding, `do_sample=False`, one beam; also top-k and
+top-p sampling, a logits processor and beam search, `MODES`) of exactly `--new-tokens` (200)
 tokens after a `--prompt-len` (16) token prompt of WikiText-2 words, batch 1 and 8 (rows = different places in the
 text), float32, 2 threads (`--threads`), no end-of-sequence stop (`eos_token_id` unset on every side, so every run
 makes the same number of steps).
@@ -81,14 +82,27 @@ def build(impl: str, trained_dir: str | None = None):
     return model
 
 
-def generate_kwargs(impl: str, new_tokens: int) -> dict:
-    return dict(max_new_tokens=new_tokens, do_sample=False, num_beams=1, eos_token_id=None, pad_token_id=0)
+# How generate is called (issue 33 item 4: sampling and logits processors compute every log-probability, where greedy
+# decoding skips the tails that cannot win): each mode's keyword arguments on top of the fixed-length ones.
+MODES = {
+    "greedy": dict(do_sample=False),
+    "top-k": dict(do_sample=True, top_k=40),
+    "top-p": dict(do_sample=True, top_p=0.9, temperature=0.8),
+    "repetition-penalty": dict(do_sample=False, repetition_penalty=1.2),
+    "beam-4": dict(do_sample=False, num_beams=4),
+}
 
 
-def time_generate(model, impl: str, prompts: torch.Tensor, new_tokens: int, calls: int) -> tuple[list[float], list]:
+def generate_kwargs(impl: str, new_tokens: int, mode: str = "greedy") -> dict:
+    return {"max_new_tokens": new_tokens, "num_beams": 1, "eos_token_id": None, "pad_token_id": 0, **MODES[mode]}
+
+
+def time_generate(model, impl: str, prompts: torch.Tensor, new_tokens: int, calls: int,
+                  mode: str = "greedy") -> tuple[list[float], list]:
     """Seconds of `calls` generate calls after one warm-up; also the first row of the last call's new tokens."""
-    kwargs = generate_kwargs(impl, new_tokens)
+    kwargs = generate_kwargs(impl, new_tokens, mode)
     times = []
+    torch.manual_seed(0)
     with torch.no_grad():
         out = model.generate(prompts, **kwargs)  # warm-up
         for _ in range(calls):
@@ -136,7 +150,8 @@ def worker(args: dict) -> dict:
     set_threads(args["threads"])
     model = build(args["impl"], args.get("trained_dir"))
     prompts = prompts_for(args["batch"], args["prompt_len"])
-    times, tokens = time_generate(model, args["impl"], prompts, args["new_tokens"], args["calls"])
+    times, tokens = time_generate(model, args["impl"], prompts, args["new_tokens"], args["calls"],
+                                  args.get("mode", "greedy"))
     return {"times": times, "first_row_tokens": tokens[:10]}
 
 
@@ -150,6 +165,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per side and batch size")
     parser.add_argument("--calls", type=int, default=3, help="timed generate calls per process")
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    parser.add_argument("--modes", nargs="+", default=["greedy"], choices=list(MODES),
+                        help="how generate is called: greedy, sampling (top-k 40; top-p 0.9 at temperature 0.8), a "
+                             "logits processor (repetition penalty 1.2), beam search (4 beams)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of every side")
     parser.add_argument("--train-steps", type=int, default=300)
     parser.add_argument("--trained-dir", default="benchmarks/results/generate_trained_d256",
@@ -163,28 +181,31 @@ def main(argv=None) -> dict:
         set_threads(args.threads)
         train(trained_dir, args.train_steps)
     results = {}
-    for batch in args.batches:
-        runs = {impl: [] for impl in impls}
-        for _ in range(args.repeats):  # alternate the sides, a fresh process each
-            for impl in impls:
-                runs[impl].append(run_worker(pythons[impl], __file__, dict(
-                    impl=impl, batch=batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                    calls=args.calls, threads=args.threads, trained_dir=str(trained_dir))))
-        results[batch] = {}
-        for impl, rs in runs.items():
-            per_run = [statistics.median(r["times"]) for r in rs]
-            seconds = statistics.median(per_run)
-            results[batch][impl] = {"tokens_per_s": batch * args.new_tokens / seconds, "call_s": seconds,
-                                    "call_s_per_run": per_run, "raw": rs}
+    for mode in args.modes:
+        for batch in args.batches:
+            runs = {impl: [] for impl in impls}
+            for _ in range(args.repeats):  # alternate the sides, a fresh process each
+                for impl in impls:
+                    runs[impl].append(run_worker(pythons[impl], __file__, dict(
+                        impl=impl, batch=batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens, mode=mode,
+                        calls=args.calls, threads=args.threads, trained_dir=str(trained_dir))))
+            key = f"{mode} batch={batch}"
+            results[key] = {}
+            for impl, rs in runs.items():
+                per_run = [statistics.median(r["times"]) for r in rs]
+                seconds = statistics.median(per_run)
+                results[key][impl] = {"tokens_per_s": batch * args.new_tokens / seconds, "call_s": seconds,
+                                      "call_s_per_run": per_run, "raw": rs}
     rows = []
-    for batch, res in results.items():
+    for key, res in results.items():
         reference = res["gpt2"]["tokens_per_s"] if "gpt2" in res else None
         for impl in impls:
             tps = res[impl]["tokens_per_s"]
-            rows.append([batch, impl, tps, res[impl]["call_s"] * 1e3 / args.new_tokens,
+            rows.append([key, impl, tps, res[impl]["call_s"] * 1e3 / args.new_tokens,
                          "" if reference is None else tps / reference])
-    table = print_table(["batch", "model", "new tokens/s", "ms / step", "vs GPT-2 (issue 22: ours >= 1.5)"], rows)
-    write_json(args.output, {"results": {str(k): v for k, v in results.items()}, "table": table,
+    table = print_table(["mode, batch", "model", "new tokens/s", "ms / step", "vs GPT-2 (issue 33: ours >= 1.0)"],
+                        rows)
+    write_json(args.output, {"results": results, "table": table,
                              "args": vars(args)})
     return results
 

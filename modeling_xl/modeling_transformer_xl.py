@@ -636,8 +636,15 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, GenerationMixin):
         return input_ids, model_kwargs
 
     def _reorder_cache(self, mems, beam_idx):
-        """Beam search: memory rows follow their beams."""
-        return None if mems is None else tuple(m.index_select(0, beam_idx.to(m.device)) for m in mems)
+        """Beam search: memory rows follow their beams, and so do the keys and values each layer keeps for its memory
+        (`inference_cache`; without them every step would project the whole memory again)."""
+        if mems is None:
+            return None
+        reordered = tuple(m.index_select(0, beam_idx.to(m.device)) for m in mems)
+        if cache_enabled():
+            for layer, old, new in zip(self.transformer.layers, mems, reordered):
+                layer.attn.reorder_memory_projection(old, new, beam_idx.to(old.device))
+        return reordered
 
 
 def tied_weight_map(config) -> dict[str, str]:

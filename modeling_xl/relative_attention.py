@@ -185,6 +185,17 @@ class RelativeMultiHeadAttention(nn.Module):
             return
         self.memory_cache.put(new_mem, pending.tail(new_mem.size(1)), self._memory_weights())
 
+    def reorder_memory_projection(self, old_mem: torch.Tensor, new_mem: torch.Tensor, index: torch.Tensor) -> None:
+        """Beam search reordered the memory's rows (`new_mem = old_mem.index_select(0, index)`): the keys and values
+        kept for `old_mem` follow them, so that the next step reuses them instead of projecting the whole memory
+        again (transformers reorders a key/value cache the same way)."""
+        weights = self._memory_weights()
+        room = self.memory_cache.get(old_mem, weights)
+        if room is not None:
+            k, v = room.views()
+            self.memory_cache.put(new_mem, AppendRoom.of((k.index_select(0, index), v.index_select(0, index)), dim=2),
+                                  weights)
+
     def project_positions(self, pos_emb: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         """W_R R: [K, d] -> [H, K, D]; with `use_cache`, reused while the backbone hands over the same table."""
         r = self.position_cache.get(pos_emb, (self.r_net.weight,)) if use_cache else None

@@ -275,3 +275,19 @@ def test_generation_with_appended_keys_values_equals_recomputing_them(attn):
         after_first = model(input_ids=ids[:, 8:9], mems=first.mems)
         after_first_copy = model(input_ids=ids[:, 8:9], mems=tuple(m.clone() for m in first.mems))
     assert_identical([second.logits, after_first.logits], [again.logits, after_first_copy.logits])
+
+
+def test_beam_search_reorders_the_kept_projections_with_the_memory():
+    """Beam search reorders the memory's rows at every step; the keys and values kept for it follow them (a hit at
+    every step instead of projecting the whole memory again), and the beams equal those of a run that keeps nothing
+    (`use_cache=False`: every step reads the whole sequence)."""
+    model = make_model(same_length=False, mem_len=6, cutoffs=[20, 50], div_val=1)
+    ids = torch.randint(1, 97, (2, 5))
+    kwargs = dict(max_new_tokens=9, num_beams=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        before = hits(model)[0]
+        kept = model.generate(ids, **kwargs)
+        reused = hits(model)[0] - before
+        recomputed = model.generate(ids, use_cache=False, **kwargs)
+    assert reused >= model.config.n_layer * (kwargs["max_new_tokens"] - 2)
+    assert torch.equal(kept, recomputed)
