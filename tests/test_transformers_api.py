@@ -1,0 +1,55 @@
+"""The transformers names this library relies on that are not public API: each test fails with a message naming the
+name, what we use it for, and the transformers release it was written against, so that a transformers that renames
+one says so instead of silently changing behaviour (generation dropping the memory, say)."""
+
+import inspect
+import re
+
+import pytest
+import transformers
+from transformers import GenerationMixin, PreTrainedModel
+
+from modeling_xl.modeling_transformer_xl import LOADING_KWARGS
+
+WRITTEN_FOR = "transformers 5.24"
+
+# (owner, private name, what TransformerXLForCausalLM / the heads override or call it for)
+PRIVATE_NAMES = [
+    (GenerationMixin, "_sample", "greedy decoding inside the `greedy_decoding` kernel context"),
+    (GenerationMixin, "_update_model_kwargs_for_generation", "carrying the memory between steps as `mems`"),
+    (GenerationMixin, "_expand_inputs_for_generation", "repeating a caller's `mems` for beams and sequences"),
+    (GenerationMixin, "_supports_default_dynamic_cache", "telling generate that the memory is not a key/value cache"),
+    (PreTrainedModel, "get_correct_attn_implementation", "accepting attn_implementation='triton'"),
+    (PreTrainedModel, "_init_weights", "initialising our parameters (and recomputing nothing non-persistent)"),
+]
+
+
+@pytest.mark.parametrize("owner,name,purpose", PRIVATE_NAMES, ids=[n for _, n, _ in PRIVATE_NAMES])
+def test_private_names_we_override_still_exist(owner, name, purpose):
+    assert hasattr(owner, name), (
+        f"transformers {transformers.__version__} has no {owner.__name__}.{name}; modeling_xl overrides it for "
+        f"{purpose} (written for {WRITTEN_FOR}): port the override to what replaced it")
+
+
+def test_beam_search_still_reorders_through_the_model_hook():
+    """Beam search must call the model's `_reorder_cache` for a state that is a plain tuple (our memory)."""
+    source = inspect.getsource(GenerationMixin)
+    assert "self._reorder_cache(" in source, (
+        f"transformers {transformers.__version__}'s beam search no longer calls model._reorder_cache; modeling_xl "
+        f"reorders its memory (and the keys/values kept for it) there (written for {WRITTEN_FOR})")
+
+
+def test_loading_kwargs_cover_the_installed_from_pretrained():
+    """`LOADING_KWARGS` (the from_pretrained arguments a legacy checkpoint's conversion must not take for config
+    fields) against the installed `PreTrainedModel.from_pretrained`: its named parameters and every keyword it pops
+    from **kwargs."""
+    function = PreTrainedModel.from_pretrained.__func__
+    named = {p.name for p in inspect.signature(function).parameters.values()
+             if p.kind is inspect.Parameter.KEYWORD_ONLY or p.default is not inspect.Parameter.empty}
+    popped = set(re.findall(r'kwargs\.pop\(\s*"(\w+)"', inspect.getsource(function)))
+    installed = (named | popped) - {"config"}  # `config=` is a model argument: it applies to a legacy folder too
+    missing = installed - LOADING_KWARGS
+    assert not missing, (f"transformers {transformers.__version__}'s from_pretrained takes {sorted(missing)}, which "
+                         "modeling_xl.modeling_transformer_xl.LOADING_KWARGS does not list: a legacy checkpoint would "
+                         "take them as config fields; add them there")
+    assert {"revision", "dtype", "attn_implementation", "device_map"} <= installed  # the parse found the arguments
