@@ -19,8 +19,8 @@ except ImportError:  # pragma: no cover - the caller checks `available()` first
 
 @triton.jit
 def tile_scores(q_u, q_v, k_ptrs, r_base, offs_m, offs_n, offs_d, band0, mask_base, stride_mq, stride_mk,
-                 stride_rr, stride_rd, qlen, klen, rlen, d_head, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                stride_rr, stride_rd, qlen, klen, rlen, d_head, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """Scores of one tile, unscaled: (q + u) . k + band diagonals of (q + v) . r; and which entries are visible.
     Returns (scores [BLOCK_M, BLOCK_N] fp32, visible bool, the key tile [BLOCK_N, BLOCK_D], the band
     [BLOCK_M + BLOCK_N, BLOCK_D])."""
@@ -40,28 +40,38 @@ def tile_scores(q_u, q_v, k_ptrs, r_base, offs_m, offs_n, offs_d, band0, mask_ba
         visible = visible & (hidden == 0)
     return scores, visible, key, band
 
+
+@triton.jit
+def biased_queries(Q, U, VB, b, h, offs_m, offs_d, stride_qb, stride_qh, stride_qt, stride_qd, stride_uh, stride_ud,
+                   qlen, d_head):
+    """(q + u, q + v) of one block of queries, [BLOCK_M, BLOCK_D] each in q's dtype (the sum taken in fp32; zeros
+    outside the tensors)."""
+    d_ok = offs_d < d_head
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
+                mask=(offs_m < qlen)[:, None] & d_ok[None, :], other=0.0)
+    u = tl.load(U + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0).to(tl.float32)
+    v = tl.load(VB + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0).to(tl.float32)
+    return (q.to(tl.float32) + u[None, :]).to(q.dtype), (q.to(tl.float32) + v[None, :]).to(q.dtype)
+
+
 @triton.jit
 def forward_kernel(Q, K, V, R, U, VB, MASK, RANGES, OUT, LSE,
-                    stride_qb, stride_qh, stride_qt, stride_qd,
-                    stride_kb, stride_kh, stride_kt, stride_kd,
-                    stride_vb, stride_vh, stride_vt, stride_vd,
-                    stride_rh, stride_rr, stride_rd, stride_uh, stride_ud,
-                    stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
-                    stride_ob, stride_oh, stride_ot, stride_od,
-                    heads, qlen, klen, rlen, d_head, shift, scale_log2,
-                    HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                   stride_qb, stride_qh, stride_qt, stride_qd,
+                   stride_kb, stride_kh, stride_kt, stride_kd,
+                   stride_vb, stride_vh, stride_vt, stride_vd,
+                   stride_rh, stride_rr, stride_rd, stride_uh, stride_ud,
+                   stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
+                   stride_ob, stride_oh, stride_ot, stride_od,
+                   heads, qlen, klen, rlen, d_head, shift, scale_log2,
+                   HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     block, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // heads, bh % heads
     offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < d_head
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
-                mask=(offs_m < qlen)[:, None] & d_ok[None, :], other=0.0)
-    u = tl.load(U + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0)
-    v = tl.load(VB + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0)
-    q_u = (q.to(tl.float32) + u[None, :].to(tl.float32)).to(q.dtype)
-    q_v = (q.to(tl.float32) + v[None, :].to(tl.float32)).to(q.dtype)
+    q_u, q_v = biased_queries(Q, U, VB, b, h, offs_m, offs_d, stride_qb, stride_qh, stride_qt, stride_qd, stride_uh,
+                              stride_ud, qlen, d_head)
     ranges = RANGES + b * stride_gb + block * stride_gm
     lo = (tl.load(ranges) // BLOCK_N) * BLOCK_N
     hi = tl.load(ranges + 1)
@@ -96,17 +106,18 @@ def forward_kernel(Q, K, V, R, U, VB, MASK, RANGES, OUT, LSE,
     lse = tl.where(l_i == 0.0, float("inf"), m_i + tl.log2(l_safe))  # log2 domain; inf: no visible key
     tl.store(LSE + bh * qlen + offs_m, lse, mask=offs_m < qlen)
 
+
 @triton.jit
 def backward_keys_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DK, DV,
-                          stride_qb, stride_qh, stride_qt, stride_qd,
-                          stride_kb, stride_kh, stride_kt, stride_kd,
-                          stride_vb, stride_vh, stride_vt, stride_vd,
-                          stride_rh, stride_rr, stride_rd, stride_uh, stride_ud,
-                          stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
-                          stride_ob, stride_oh, stride_ot, stride_od,
-                          heads, qlen, klen, rlen, d_head, shift, scale_log2, n_query_blocks,
-                          HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                         stride_qb, stride_qh, stride_qt, stride_qd,
+                         stride_kb, stride_kh, stride_kt, stride_kd,
+                         stride_vb, stride_vh, stride_vt, stride_vd,
+                         stride_rh, stride_rr, stride_rd, stride_uh, stride_ud,
+                         stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
+                         stride_ob, stride_oh, stride_ot, stride_od,
+                         heads, qlen, klen, rlen, d_head, shift, scale_log2, n_query_blocks,
+                         HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """dv = P^T dO and dk = dS^T (q + u) for one key block, over the query blocks that see it. DK and DV are
     fp32 [B, H, K, D] (contiguous); dS here is P * (dP - delta), unscaled."""
     kblock, bh = tl.program_id(0), tl.program_id(1)
@@ -117,8 +128,6 @@ def backward_keys_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DK, DV
     k_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd
     value = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd,
                     mask=(offs_n < klen)[:, None] & d_ok[None, :], other=0.0)
-    u = tl.load(U + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0).to(tl.float32)
-    v = tl.load(VB + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0).to(tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for block in range(0, n_query_blocks):
@@ -126,10 +135,8 @@ def backward_keys_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DK, DV
         if (tl.load(ranges) < kblock * BLOCK_N + BLOCK_N) & (tl.load(ranges + 1) > kblock * BLOCK_N):
             offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
             m_ok = offs_m < qlen
-            q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt
-                        + offs_d[None, :] * stride_qd, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-            q_u = (q.to(tl.float32) + u[None, :]).to(q.dtype)
-            q_v = (q.to(tl.float32) + v[None, :]).to(q.dtype)
+            q_u, q_v = biased_queries(Q, U, VB, b, h, offs_m, offs_d, stride_qb, stride_qh, stride_qt, stride_qd,
+                                      stride_uh, stride_ud, qlen, d_head)
             band0 = kblock * BLOCK_N - block * BLOCK_M - (BLOCK_M - 1) + shift
             scores, visible, _, _ = tile_scores(
                 q_u, q_v, k_ptrs, R + h * stride_rh, offs_m, offs_n, offs_d, band0, MASK + b * stride_mb,
@@ -143,23 +150,24 @@ def backward_keys_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DK, DV
             delta = tl.load(DELTA + bh * qlen + offs_m, mask=m_ok, other=0.0)
             dp = tl.dot(grad_out, tl.trans(value), input_precision=PRECISION)
             ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q_u, input_precision=PRECISION)
+            dk += tl.dot(tl.trans(ds.to(q_u.dtype)), q_u, input_precision=PRECISION)
     offs = (bh * klen + offs_n[:, None]) * d_head + offs_d[None, :]
     ok = (offs_n < klen)[:, None] & d_ok[None, :]
     tl.store(DK + offs, dk, mask=ok)
     tl.store(DV + offs, dv, mask=ok)
 
+
 @triton.jit
 def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU, DQV, DR,
-                             stride_qb, stride_qh, stride_qt, stride_qd,
-                             stride_kb, stride_kh, stride_kt, stride_kd,
-                             stride_vb, stride_vh, stride_vt, stride_vd,
-                             stride_rh, stride_rr, stride_rd, stride_uh, stride_ud,
-                             stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
-                             stride_ob, stride_oh, stride_ot, stride_od,
-                             heads, qlen, klen, rlen, d_head, shift, scale_log2,
-                             HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                            stride_qb, stride_qh, stride_qt, stride_qd,
+                            stride_kb, stride_kh, stride_kt, stride_kd,
+                            stride_vb, stride_vh, stride_vt, stride_vd,
+                            stride_rh, stride_rr, stride_rd, stride_uh, stride_ud,
+                            stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
+                            stride_ob, stride_oh, stride_ot, stride_od,
+                            heads, qlen, klen, rlen, d_head, shift, scale_log2,
+                            HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """For one query block: d(q + u) = dS k and d(q + v) = dS_band r_band (fp32 [B, H, T, D] each), and the
     band rows of dr += dS_band^T (q + v) (fp32 [H, R, D], atomic). dS_band is the tile's dS moved back onto
     the band (the inverse of the diagonal read: entry (a, c) is dS[a, c - (BLOCK_M - 1) + a] where that key
@@ -170,12 +178,8 @@ def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < d_head
     m_ok = offs_m < qlen
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    u = tl.load(U + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0)
-    v = tl.load(VB + h * stride_uh + offs_d * stride_ud, mask=d_ok, other=0.0)
-    q_u = (q.to(tl.float32) + u[None, :].to(tl.float32)).to(q.dtype)
-    q_v = (q.to(tl.float32) + v[None, :].to(tl.float32)).to(q.dtype)
+    q_u, q_v = biased_queries(Q, U, VB, b, h, offs_m, offs_d, stride_qb, stride_qh, stride_qt, stride_qd, stride_uh,
+                              stride_ud, qlen, d_head)
     grad_out = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot
                        + offs_d[None, :] * stride_od, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     lse = tl.load(LSE + bh * qlen + offs_m, mask=m_ok, other=float("inf"))

@@ -119,7 +119,9 @@ def test_full_log_probs_falls_back_where_it_does_not_apply():
     with torch.no_grad():
         assert full_log_probs(softmax, hidden) is None
     shared = AdaptiveLogSoftmax(TransformerXLConfig.from_preset("debug", div_val=1, d_embed=16))
-    assert full_log_probs(shared, hidden.requires_grad_()) is None
+    assert full_log_probs(shared, hidden) is None  # gradients on (the parameters'): the reference, differentiable
+    logp = shared(hidden)
+    assert logp.requires_grad and torch.isfinite(logp).all()
 
 
 def test_greedy_decoding_context_is_scoped_to_its_softmax():
