@@ -855,3 +855,51 @@ def test_a_launch_whose_processes_each_run_alone_is_refused_before_anything_is_w
     with pytest.raises(ValueError, match="WORLD_SIZE=2 processes but each one runs alone"):
         run_finetuning(finetune_args(tmp_path, lm_checkpoint))
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+# ---- what the tokenizer does to the user's text (issue 35, item 1) ---------------------------------------------------
+
+def test_unknown_token_report_names_case_characters_and_coverage():
+    from tokenization import train_word_level_tokenizer
+
+    from modeling_xl.finetuning.coverage import unknown_token_report
+
+    tokenizer = train_word_level_tokenizer(["the cat sat on the mat", "a dog ran to the cat"])
+    assert unknown_token_report(tokenizer, ["the cat sat", "a dog ran"])["share"] == 0.0
+    cased = unknown_token_report(tokenizer, ["The Cat sat", "A Dog ran to The mat"])
+    assert cased["share"] == pytest.approx(5 / 9) and cased["lowercase_share"] == 0.0
+    assert cased["cause"].startswith("case:") and "gives 0.0% unknown" in cased["cause"]
+    assert cased["examples"][0] == "The"
+    foreign = unknown_token_report(tokenizer, ["the café sat", "the naïve dog", "the cat"])
+    assert foreign["cause"].startswith("characters the tokenizer never saw: ") and foreign["lowercase_share"] is None
+    assert "'é'" in foreign["cause"] and "'ï'" in foreign["cause"] and "(100% of the unknown words hold one)" in (
+        foreign["cause"])
+    missing = unknown_token_report(tokenizer, ["the horse sat on the hat"])
+    assert missing["share"] == pytest.approx(2 / 6) and missing["cause"].startswith("vocabulary coverage")
+    assert sorted(missing["examples"]) == ["hat", "horse"]
+
+
+def test_an_unknown_heavy_tokenizer_stops_fine_tuning_with_the_cause_unless_allowed(tmp_path, lm_checkpoint, caplog):
+    """Cased texts against a lowercase word-level tokenizer: above 50% unknown the run stops before anything is written,
+    naming the share, the cause and the flag; with --allow_unknown_tokens it runs, warns, and records the share in its
+    results and card. Below 10% nothing is said."""
+    train = write_tsv(tmp_path / "cased.tsv", [(text.title(), label) for text, label in sentiment_rows(64, 1)])
+    args = finetune_args(tmp_path, lm_checkpoint, train_file=str(train), max_train_steps=2, eval_steps=2)
+    with pytest.raises(ValueError, match=r"(?s)of the training texts' tokens are the tokenizer's unknown token "
+                                         r"'<unk>' \(likely cause: case: .*lowercasing them gives 0\.0% unknown.*"
+                                         r"--allow_unknown_tokens"):
+        run_finetuning(args)
+    assert not (tmp_path / "out").exists()
+    with caplog.at_level(logging.WARNING, logger="modeling_xl.finetuning.coverage"):
+        results = run_finetuning(finetune_args(tmp_path, lm_checkpoint, train_file=str(train), max_train_steps=2,
+                                               eval_steps=2, allow_unknown_tokens=True))
+    assert results["unknown_token_share"] > 0.5
+    assert [r.name for r in caplog.records if "likely cause: case" in r.getMessage()] == [
+        "modeling_xl.finetuning.coverage"]
+    assert "Tokenizer coverage: " in (tmp_path / "out" / "README.md").read_text()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="modeling_xl.finetuning.coverage"):
+        clean = run_finetuning(finetune_args(tmp_path, lm_checkpoint, output_dir=str(tmp_path / "clean"),
+                                             max_train_steps=2, eval_steps=2))
+    assert clean["unknown_token_share"] == 0.0
+    assert not [r for r in caplog.records if r.name == "modeling_xl.finetuning.coverage"]

@@ -35,6 +35,9 @@ class FinetuneArguments:
     threshold: float = field(default=0.5, metadata={"help": "multi-label: a class is predicted when sigmoid > this"})
     # model
     tokenizer_name: str | None = field(default=None, metadata={"help": "tokenizer folder (default: the model's)"})
+    allow_unknown_tokens: bool = field(default=False, metadata={
+        "help": "fine-tune even when more than half of the training texts' tokens are the tokenizer's unknown token "
+                "(above 10%% a warning names the likely cause)"})
     from_scratch: bool = field(default=False, metadata={"help": "same architecture, random weights (the baseline)"})
     summary_type: str | None = field(default=None, metadata={"help": "pooling: last, first or mean real token"})
     max_length: int = field(default=128, metadata={"help": "tokens per text (pair); with --long_document the "

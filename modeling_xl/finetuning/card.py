@@ -74,7 +74,8 @@ def classification_card(args: FinetuneArguments, task: Task, results: dict, base
         architecture=f"{config.n_layer} layers, d_model {config.d_model}, {config.n_head} heads, attn_type "
                      f"{config.attn_type}", columns=columns, results=rows, hyperparameters=hyperparameters,
         num_dev=results["num_dev_examples"], num_train=results["num_train_examples"], hardware=hardware,
-        dev_line=dev_line(results), long_document=args.long_document, segment_len=args.max_length)
+        dev_line=dev_line(results), long_document=args.long_document, segment_len=args.max_length,
+        unknown_share=results.get("unknown_token_share"))
 
 
 def _shown(value) -> str:

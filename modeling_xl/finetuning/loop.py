@@ -27,6 +27,7 @@ from .arguments import RESULTS_FILE, FinetuneArguments, validate
 from .card import save_model, save_records
 from .checkpoints import (check_compatible, checkpoint_rng, earlier_run, read_checkpoint_rng, resolve_checkpoint,
                           rng_states, save_checkpoint, set_rng, split_checkpoint_rng)
+from .coverage import SAMPLE_TEXTS, check_unknown_share, unknown_token_report
 from .data import check_rows, left_pad_collate, load_raw_datasets, tokenize_split
 from .labels import LabelSpace
 from .tasks import MetricError, Task, task_for
@@ -129,6 +130,10 @@ def _run_finetuning(args: FinetuneArguments) -> dict:
     task = task_for(labels, args.threshold)
     model_config = _read_config(args)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    # before anything is trained: a tokenizer that leaves most of the text unknown is named, with the likely cause
+    columns = [c for c in (args.text_column, args.text_pair_column) if c is not None]
+    coverage = unknown_token_report(tokenizer, [t for c in columns for t in raw["train"][c][:SAMPLE_TEXTS]])
+    check_unknown_share(coverage, tokenizer.unk_token, args.allow_unknown_tokens)
     keep_types = model_config.attn_type == "bi" and args.text_pair_column is not None
     with accelerator.main_process_first():
         train, dev = (tokenize_split(raw[split], targets[split], tokenizer, args, keep_types)
@@ -196,7 +201,7 @@ def _run_finetuning(args: FinetuneArguments) -> dict:
                "train_examples_seen": step * args.per_device_train_batch_size * accelerator.num_processes,
                "num_train_examples": len(train), "num_dev_examples": len(dev), "labels": labels.names,
                "initialisation": "from scratch" if args.from_scratch else f"pretrained {args.model_name_or_path}",
-               "args": asdict(args)}
+               "unknown_token_share": None if coverage is None else coverage["share"], "args": asdict(args)}
     if accelerator.is_main_process:
         if not already:
             log.write({"step": step, **final})
