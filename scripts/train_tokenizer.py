@@ -29,7 +29,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--min-freq", type=int, default=0)
     parser.add_argument("--max-size", type=int, default=None, help="word level: most frequent words kept")
     parser.add_argument("--vocab-size", type=int, default=8000, help="unigram vocabulary size")
-    parser.add_argument("--lowercase", action="store_true")
+    parser.add_argument("--lowercase", action="store_true",
+                        help="lowercase the corpus and every input (word and unigram); without it a word-level "
+                             "tokenizer trained on a corpus with no uppercase letter still lowercases its input")
     parser.add_argument("--all-splits", action="store_true", help="count every split (Transformer-XL on WikiText)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--output", required=True)
@@ -61,7 +63,7 @@ def build_tokenizer(args: argparse.Namespace):
     lines = [line for split in splits for line in corpus[split][args.text_column] if line is not None]
     if args.kind == "word":
         return train_word_level_tokenizer(lines, min_freq=args.min_freq, max_size=args.max_size,
-                                          lowercase=args.lowercase)
+                                          lowercase=args.lowercase or None)
     if args.kind == "char":
         return train_char_level_tokenizer(lines, min_freq=max(args.min_freq, 1))
     return train_unigram_tokenizer(lines, vocab_size=args.vocab_size, lowercase=args.lowercase)

@@ -222,3 +222,19 @@ def test_other_corpora_and_tokenizers_still_build_through_datasets(tmp_path):
         assert cache.tokenizer().get_vocab() == vocab
         for split, ids in reference.items():
             assert np.array_equal(np.asarray(cache.tokens(split), dtype=np.int64), ids.astype(np.int64)), (name, split)
+
+
+def test_cased_text_against_a_lowercase_corpus_finds_its_words_in_both_builds(tmp_path, monkeypatch):
+    """A training corpus without uppercase letters gives a word-level tokenizer that lowercases its input (issue 35):
+    a cased validation file, non-ASCII capitals included, is encoded by the text-file build exactly as by the
+    in-memory path, and its capitalised words get the ids of their lowercase forms, not <unk>."""
+    monkeypatch.setattr(text_file_build, "PIECE_BYTES", 97)
+    train, valid = tmp_path / "train.txt", tmp_path / "valid.txt"
+    train.write_text(corpus_text("plain"))
+    valid.write_text(corpus_text("plain", lines=50, seed=1).upper())  # W12, CAFÉ, ...
+    cache = tmp_path / "cache"
+    argv = argv_for(train, valid, cache)
+    assert_cache_equals_in_memory(argv, cache)
+    tokenizer = cached_tokens(parse_args(argv)).tokenizer()
+    assert tokenizer("W3 CAF\u00c9 Caf\u00e9")["input_ids"] == tokenizer("w3 caf\u00e9 caf\u00e9")["input_ids"]
+    assert tokenizer.unk_token_id not in tokenizer("W1 W2 W3", add_special_tokens=False)["input_ids"]

@@ -353,3 +353,28 @@ def test_train_tokenizer_all_splits_counts_train_valid_test_in_that_order(tmp_pa
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(tmp_path / "tok").get_vocab() == generated[1].get_vocab()
+
+
+def test_word_level_tokenizer_of_a_lowercase_corpus_lowercases_its_input(tmp_path):
+    """A corpus without an uppercase letter gives a tokenizer that lowercases what it reads (issue 35): the corpus's
+    own ids are those of a tokenizer without the normalizer, cased text finds its words, and the normalizer is saved
+    with the folder. A cased corpus (or `lowercase=False`) keeps the case: WikiText's ids stay the reference's."""
+    from transformers import AutoTokenizer
+
+    from modeling_xl.training.corpus import word_level_tokenizer_from_counts
+    from tokenization.word_level import count_words, has_uppercase
+
+    lines = ["the cat sat on the mat", "a caf\u00e9 by the sea"]
+    auto, plain = train_word_level_tokenizer(lines), train_word_level_tokenizer(lines, lowercase=False)
+    for line in lines:
+        assert auto(line)["input_ids"] == plain(line)["input_ids"]
+    assert auto("The Cat sat in a CAF\u00c9")["input_ids"] == auto("the cat sat in a caf\u00e9")["input_ids"]
+    assert plain("The Cat")["input_ids"][:2] == [plain.unk_token_id] * 2
+    auto.save_pretrained(tmp_path / "tok")
+    assert AutoTokenizer.from_pretrained(tmp_path / "tok")("The CAT")["input_ids"] == auto("the cat")["input_ids"]
+    cased = train_word_level_tokenizer(["The cat", "the Cat"])
+    assert cased("The cat")["input_ids"] != cased("the cat")["input_ids"]
+    assert not has_uppercase(["the", "caf\u00e9", "<unk>", "42"]) and has_uppercase(["the", "\u00c9t\u00e9"])
+    words, counts = count_words(lines)
+    pretraining = word_level_tokenizer_from_counts(words, counts, 12)  # what scripts/pretrain.py trains
+    assert pretraining("The MAT")["input_ids"] == pretraining("the mat")["input_ids"]

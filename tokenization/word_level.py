@@ -109,6 +109,14 @@ def lowercase_like_tokenizers(lines: pa.Array) -> pa.Array:
     return pa.array([None if s is None else lower.normalize_str(s) for s in lines.to_pylist()], pa.string())
 
 
+def has_uppercase(words: Iterable[str] | pa.Array) -> bool:
+    """Whether any word changes under lowercasing (as the `tokenizers` Lowercase normalizer lowercases). A
+    vocabulary without such a word was trained on lowercase text: its tokenizer should lowercase what it reads, or
+    every capitalised word of cased text is unknown (`word_level_tokenizer(..., lowercase=...)`)."""
+    words = as_string_array(words)
+    return bool(len(words)) and pc.any(pc.not_equal(lowercase_like_tokenizers(words), words)).as_py() is True
+
+
 def build_vocab(words: Sequence[str], counts: Sequence[int], *, special_tokens: Sequence[str] = (EOS,),
                 unk_token: str = UNK, min_freq: int = 0, max_size: int | None = None) -> list[str]:
     """Specials first, then words by decreasing count (stable: ties keep first-seen order); `unk_token` always present.
@@ -172,15 +180,19 @@ def word_level_tokenizer(vocab: Sequence[str], *, unk_token: str = UNK, eos_toke
 
 
 def train_word_level_tokenizer(lines: Iterable[str] | pa.Array, *, min_freq: int = 0, max_size: int | None = None,
-                               lowercase: bool = False, special_tokens: Sequence[str] = (EOS,), unk_token: str = UNK,
-                               eos_token: str = EOS, add_eos: bool = True):
+                               lowercase: bool | None = None, special_tokens: Sequence[str] = (EOS,),
+                               unk_token: str = UNK, eos_token: str = EOS, add_eos: bool = True):
     """Count `lines` (a corpus, one text per line), build the reference-ordered vocabulary, return the tokenizer.
 
     Lines from several splits may be chained (the reference counts train, valid and test for WikiText).
+    `lowercase`: True lowercases the corpus and the tokenizer's input; None (default) lowercases the input only when
+    the corpus has no uppercase letter (the ids are then the same, and cased text still finds its words); False never.
     """
-    words, counts = count_words(lines, lowercase=lowercase)
+    words, counts = count_words(lines, lowercase=bool(lowercase))
     if not words:
         raise ValueError("the corpus has no words (empty or whitespace only); expected at least one non-empty line")
     vocab = build_vocab(words, counts, special_tokens=special_tokens, unk_token=unk_token, min_freq=min_freq,
                         max_size=max_size)
+    if lowercase is None:
+        lowercase = not has_uppercase(words)
     return word_level_tokenizer(vocab, unk_token=unk_token, eos_token=eos_token, add_eos=add_eos, lowercase=lowercase)

@@ -198,6 +198,10 @@ def _encode_piece(task) -> tuple[int, int]:
         lines = pa.StringArray.from_buffers(offsets.size - 1, pa.py_buffer(offsets), pa.py_buffer(text))
         ids, _ = encode_lines(lines, _STATE["tokenizer"], None)
     else:
+        if plan.lowercase:  # lowercasing never makes or removes whitespace: per word equals per line, as Rust does it
+            from tokenization.word_level import lowercase_like_tokenizers
+
+            distinct = lowercase_like_tokenizers(distinct)
         lookup = pc.fill_null(pc.index_in(distinct, value_set=plan.symbols), plan.unk_id).to_numpy()
         indices = np.fromfile(_scratch(index, "idx"), dtype=np.int32)
         sentinel = len(distinct)
@@ -274,9 +278,9 @@ def encode_pieces(pieces: list[Piece], scratch: Path, folder: Path, tokenizer, *
     from tokenization.arrow_words import WordLevelPlan
 
     plan = WordLevelPlan.from_tokenizer(tokenizer)
-    if plan is None or plan.lowercase:
-        raise ValueError("the text-file build needs a word-level tokenizer without a Lowercase normalizer; "
-                         "expected the generic build (token_cache.write_split_tokens) for this tokenizer")
+    if plan is None:
+        raise ValueError("the text-file build needs a word-level tokenizer (WordLevel, WhitespaceSplit, at most a "
+                         "Lowercase normalizer); expected the generic build (token_cache.write_split_tokens) for it")
     _STATE.update(scratch=str(scratch), plan=plan, dtype=np.dtype(dtype), tokenizer=tokenizer)
     tasks = [(i, p, str(folder / f"{p.split}.bin.part{i:05d}")) for i, p in enumerate(pieces)]
     splits = {"train": 0, "validation": 0}

@@ -168,8 +168,7 @@ def build_from_text_files(args, folder: Path, train: Path, validation: Path | No
         tokenizer = load_tokenizer(args, None)
         if args.objective == "plm":
             add_plm_tokens(tokenizer)
-        plan = WordLevelPlan.from_tokenizer(tokenizer)
-        if plan is None or plan.lowercase:
+        if WordLevelPlan.from_tokenizer(tokenizer) is None:
             return None
     elif args.tokenizer_type != "word":
         return None

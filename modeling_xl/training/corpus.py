@@ -108,15 +108,17 @@ def word_level_tokenizer_of_size(texts, vocab_size: int):
 
 
 def word_level_tokenizer_from_counts(words, counts, vocab_size: int):
-    """`word_level_tokenizer_of_size` from word counts already made (e.g. streamed, `tokenization.WordCounter`)."""
-    from tokenization.word_level import build_vocab, word_level_tokenizer
+    """`word_level_tokenizer_of_size` from word counts already made (e.g. streamed, `tokenization.WordCounter`).
+    A corpus without an uppercase letter gives a tokenizer that lowercases its input (a Lowercase normalizer, saved
+    with it): the corpus's own ids are unchanged, and cased text (fine-tuning data, prompts) still finds its words."""
+    from tokenization.word_level import build_vocab, has_uppercase, word_level_tokenizer
 
     if not words:
         raise ValueError("the corpus has no words (empty or whitespace only); expected at least one non-empty line")
     vocab = build_vocab(words, counts, max_size=vocab_size - 1)  # <eos> + words, <unk> among them if the corpus has it
     if len(vocab) > vocab_size:  # <unk> is not among the kept words and was appended: make room for it
         vocab = build_vocab(words, counts, max_size=vocab_size - 2)
-    return word_level_tokenizer(vocab)
+    return word_level_tokenizer(vocab, lowercase=not has_uppercase(words))
 
 
 def is_character_level(tokenizer) -> bool:
