@@ -864,7 +864,9 @@ def test_unknown_token_report_names_case_characters_and_coverage():
 
     from modeling_xl.finetuning.coverage import unknown_token_report
 
-    tokenizer = train_word_level_tokenizer(["the cat sat on the mat", "a dog ran to the cat"])
+    # lowercase=False: a case-sensitive tokenizer of lowercase text (as WT103's vocabulary, or one saved before the
+    # lowercase normalizer); one trained here by default would lowercase its input
+    tokenizer = train_word_level_tokenizer(["the cat sat on the mat", "a dog ran to the cat"], lowercase=False)
     assert unknown_token_report(tokenizer, ["the cat sat", "a dog ran"])["share"] == 0.0
     cased = unknown_token_report(tokenizer, ["The Cat sat", "A Dog ran to The mat"])
     assert cased["share"] == pytest.approx(5 / 9) and cased["lowercase_share"] == 0.0
@@ -882,7 +884,10 @@ def test_unknown_token_report_names_case_characters_and_coverage():
 def test_an_unknown_heavy_tokenizer_stops_fine_tuning_with_the_cause_unless_allowed(tmp_path, lm_checkpoint, caplog):
     """Cased texts against a lowercase word-level tokenizer: above 50% unknown the run stops before anything is written,
     naming the share, the cause and the flag; with --allow_unknown_tokens it runs, warns, and records the share in its
-    results and card. Below 10% nothing is said."""
+    results and card. Below 10% nothing is said. The tokenizer is case-sensitive (lowercase=False), as WT103's."""
+    from tokenization import train_word_level_tokenizer
+
+    train_word_level_tokenizer(vocabulary_lines(), lowercase=False).save_pretrained(lm_checkpoint)
     train = write_tsv(tmp_path / "cased.tsv", [(text.title(), label) for text, label in sentiment_rows(64, 1)])
     args = finetune_args(tmp_path, lm_checkpoint, train_file=str(train), max_train_steps=2, eval_steps=2)
     with pytest.raises(ValueError, match=r"(?s)of the training texts' tokens are the tokenizer's unknown token "
