@@ -7,13 +7,24 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForMultipleChoice,
     AutoModelForPreTraining,
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
 )
 
 from .backbones import TransformerXLAnyBackbone
 from .configuration_transformer_xl import PRESETS, LegacyTransfoXLConfig, TransformerXLConfig
 from .modeling_classification import TransformerXLForSequenceClassification, TransformerXLSequenceClassifierOutput
+from .modeling_multiple_choice import TransformerXLForMultipleChoice, TransformerXLMultipleChoiceOutput
+from .modeling_question_answering import (
+    TransformerXLForQuestionAnswering,
+    TransformerXLForQuestionAnsweringSimple,
+    TransformerXLQuestionAnsweringOutput,
+    TransformerXLQuestionAnsweringSimpleOutput,
+)
+from .modeling_token_classification import TransformerXLForTokenClassification, TransformerXLTokenClassifierOutput
 from .modeling_transformer_xl import (
     TransformerXLCausalLMOutput,
     TransformerXLForCausalLM,
@@ -36,6 +47,10 @@ AutoModelForCausalLM.register(TransformerXLConfig, TransformerXLForCausalLM, exi
 # XLNet-style pretraining head (transformers maps XLNetLMHeadModel to AutoModelForPreTraining too).
 AutoModelForPreTraining.register(TransformerXLConfig, TransformerXLForPermutationLM, exist_ok=True)
 AutoModelForSequenceClassification.register(TransformerXLConfig, TransformerXLForSequenceClassification, exist_ok=True)
+# as transformers maps XLNet: AutoModelForQuestionAnswering builds the span head run_qa.py reads (start/end logits)
+AutoModelForQuestionAnswering.register(TransformerXLConfig, TransformerXLForQuestionAnsweringSimple, exist_ok=True)
+AutoModelForTokenClassification.register(TransformerXLConfig, TransformerXLForTokenClassification, exist_ok=True)
+AutoModelForMultipleChoice.register(TransformerXLConfig, TransformerXLForMultipleChoice, exist_ok=True)
 
 # `save_pretrained` then writes the code next to the weights and a complete `auto_map` (trust_remote_code loading).
 TransformerXLConfig.register_for_auto_class()
@@ -43,6 +58,11 @@ TransformerXLModel.register_for_auto_class("AutoModel")
 TransformerXLForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 TransformerXLForPermutationLM.register_for_auto_class("AutoModelForPreTraining")
 TransformerXLForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+TransformerXLForQuestionAnsweringSimple.register_for_auto_class("AutoModelForQuestionAnswering")
+# XLNet's beam-search head: its own folders map AutoModelForQuestionAnswering to it (their weights are its)
+TransformerXLForQuestionAnswering.register_for_auto_class("AutoModelForQuestionAnswering")
+TransformerXLForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
+TransformerXLForMultipleChoice.register_for_auto_class("AutoModelForMultipleChoice")
 
 __all__ = [
     "PRESETS",
@@ -57,6 +77,14 @@ __all__ = [
     "TransformerXLPermutationModel",
     "TransformerXLForPermutationLM",
     "TransformerXLPermutationLMOutput",
+    "TransformerXLForQuestionAnsweringSimple",
+    "TransformerXLQuestionAnsweringSimpleOutput",
+    "TransformerXLForQuestionAnswering",
+    "TransformerXLQuestionAnsweringOutput",
+    "TransformerXLForTokenClassification",
+    "TransformerXLTokenClassifierOutput",
+    "TransformerXLForMultipleChoice",
+    "TransformerXLMultipleChoiceOutput",
 ]
 
 

@@ -20,19 +20,27 @@ BACKBONES = {"uni": "modeling_transformer_xl.TransformerXLModel",
              "bi": "modeling_permutation_lm.TransformerXLPermutationModel"}
 LM_HEADS = {"uni": ("AutoModelForCausalLM", "modeling_transformer_xl.TransformerXLForCausalLM"),
             "bi": ("AutoModelForPreTraining", "modeling_permutation_lm.TransformerXLForPermutationLM")}
-CLASSIFIER = ("AutoModelForSequenceClassification", "modeling_classification.TransformerXLForSequenceClassification")
+# every task head: a folder of any of them (or of a language model) can start any other (a new head on its backbone).
+# `AutoModelForQuestionAnswering` maps to the span head that `run_qa.py` reads (start and end logits); XLNet's
+# beam-search head maps to it only in the folders it saved itself.
+TASK_HEADS = {
+    "AutoModelForSequenceClassification": "modeling_classification.TransformerXLForSequenceClassification",
+    "AutoModelForQuestionAnswering": "modeling_question_answering.TransformerXLForQuestionAnsweringSimple",
+    "AutoModelForTokenClassification": "modeling_token_classification.TransformerXLForTokenClassification",
+    "AutoModelForMultipleChoice": "modeling_multiple_choice.TransformerXLForMultipleChoice",
+}
 
 
-def auto_map_for(attn_type: str, classifier: bool = False) -> dict[str, str]:
+def auto_map_for(attn_type: str, lm_heads: bool = True) -> dict[str, str]:
     """The Auto classes a saved folder maps: `AutoModel` to the backbone of its `attn_type`; a language model's folder
-    also its LM head and the sequence classifier (fine-tuning starts from it: a new head on the backbone); a
-    classifier's folder itself only (an LM head would not match its weights)."""
+    (`lm_heads`) also its LM head; every folder every task head (fine-tuning starts from any of them: a new head on
+    the backbone). A task head's folder maps no LM head (its weights lack one)."""
     if attn_type not in BACKBONES:
         raise ValueError(f"attn_type={attn_type!r} is invalid; expected one of {sorted(BACKBONES)}")
     auto_map = {"AutoModel": BACKBONES[attn_type]}
-    if not classifier:
+    if lm_heads:
         auto_map.update([LM_HEADS[attn_type]])
-    auto_map.update([CLASSIFIER])
+    auto_map.update(TASK_HEADS)
     return auto_map
 
 
@@ -48,8 +56,8 @@ def copy_module_files(module: str, save_directory) -> None:
 
 def complete_auto_map(save_directory, auto_map: dict[str, str]) -> None:
     """Add `auto_map` entries to a saved remote-code config.json, copying beside it the code of the classes the
-    language models' files do not import (the sequence classifier); every class whose file is in the folder is
-    mapped."""
+    saved class's files do not import (the other heads); every class whose file is in the folder is mapped. An entry
+    transformers already wrote (the saved class's own) is kept."""
     path = os.path.join(save_directory, "config.json")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)

@@ -9,6 +9,7 @@ from transformers import PreTrainedConfig
 
 # model_type of the transformers-4.x Transformer-XL, which transformers 5 no longer knows
 LEGACY_MODEL_TYPE = "transfo-xl"
+XLNET_MODEL_TYPE = "xlnet"
 
 # Paper hyperparameters (Dai et al. 2019, Table 1 and the released scripts). `train_*` and `eval_*` entries are the
 # segment/memory lengths the scripts use; the model itself only reads `mem_len`, `clamp_len` and `same_length`.
@@ -117,6 +118,9 @@ class TransformerXLConfig(PreTrainedConfig):
     # Sequence-classification fields (see modeling_classification).
     summary_type: str = "last"
     classifier_dropout: float = 0.1
+    # XLNet's question-answering head (see modeling_question_answering): candidates kept by its beam search.
+    start_n_top: int = 5
+    end_n_top: int = 5
     eos_token_id: int | list[int] | None = 0
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -147,8 +151,13 @@ class TransformerXLConfig(PreTrainedConfig):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         """As in transformers, plus the config.json of a legacy transformers-4.x Transformer-XL checkpoint (model_type
-        "transfo-xl"), converted (`convert_config`) with the keyword arguments as overrides."""
+        "transfo-xl") or of a transformers XLNet model ("xlnet"), converted (`convert_config`, `config_from_xlnet`)
+        with the keyword arguments as overrides."""
         config_dict, unused = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
+        if config_dict.get("model_type") == XLNET_MODEL_TYPE:
+            from transformers import XLNetConfig
+
+            return config_from_xlnet(XLNetConfig.from_dict(config_dict), **unused)
         if config_dict.get("model_type") != LEGACY_MODEL_TYPE:
             return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
         return LegacyTransfoXLConfig.from_dict(config_dict, **unused)
@@ -226,6 +235,10 @@ class TransformerXLConfig(PreTrainedConfig):
             raise ValueError(f"summary_type={self.summary_type!r} is invalid; expected 'last', 'first' or 'mean'")
         if self.ff_activation not in ("relu", "gelu"):
             raise ValueError(f"ff_activation={self.ff_activation!r} is invalid; expected 'relu' or 'gelu'")
+        for field in ("start_n_top", "end_n_top"):
+            value = getattr(self, field, 5)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{field}={value!r} is invalid; expected a positive integer")
 
 
 # the architecture fields a legacy config.json must give (everything else has the transformers-4.x default)
@@ -287,6 +300,36 @@ class LegacyTransfoXLConfig(TransformerXLConfig):
         overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in fields}
         config = convert_config(config_dict, **overrides)
         return (config, kwargs) if return_unused else config
+
+
+def config_from_xlnet(xlnet_config, **overrides) -> TransformerXLConfig:
+    """Our config for a transformers `XLNetConfig` (then `overrides`). XLNet always keeps per-layer biases
+    (untie_r=True here); it drops attention probabilities with `dropout` (our `dropatt`); `mem_len=None` (keep every
+    state) becomes 0 (no memory); `reuse_len` 0 becomes None."""
+    if xlnet_config.ff_activation not in ("gelu", "relu"):
+        raise ValueError(f"ff_activation={xlnet_config.ff_activation!r} is not supported; expected 'gelu' or 'relu'")
+    if xlnet_config.summary_type not in ("last", "first", "mean"):
+        raise ValueError(f"summary_type={xlnet_config.summary_type!r} is not supported; expected 'last', 'first' "
+                         "or 'mean'")
+    if xlnet_config.attn_type == "uni" and xlnet_config.same_length:
+        raise ValueError("same_length=True with attn_type='uni' is not supported by the permutation LM; expected "
+                         "same_length=False")
+    values = dict(
+        vocab_size=xlnet_config.vocab_size, d_model=xlnet_config.d_model, d_embed=xlnet_config.d_model,
+        n_layer=xlnet_config.n_layer, n_head=xlnet_config.n_head, d_head=xlnet_config.d_head,
+        d_inner=xlnet_config.d_inner, cutoffs=[], adaptive=False, div_val=1, pre_lnorm=False, untie_r=True,
+        attn_type=xlnet_config.attn_type, bi_data=xlnet_config.bi_data, clamp_len=xlnet_config.clamp_len,
+        mem_len=xlnet_config.mem_len or 0, reuse_len=xlnet_config.reuse_len or None,
+        dropout=xlnet_config.dropout, dropatt=xlnet_config.dropout, layer_norm_epsilon=xlnet_config.layer_norm_eps,
+        init_std=xlnet_config.initializer_range, ff_activation=xlnet_config.ff_activation,
+        summary_type=xlnet_config.summary_type, classifier_dropout=xlnet_config.summary_last_dropout,
+        start_n_top=xlnet_config.start_n_top, end_n_top=xlnet_config.end_n_top,
+        id2label=dict(xlnet_config.id2label), pad_token_id=xlnet_config.pad_token_id,
+        bos_token_id=xlnet_config.bos_token_id, eos_token_id=xlnet_config.eos_token_id, tie_word_embeddings=True,
+    )
+    if "num_labels" in overrides or "id2label" in overrides:  # the caller's labels replace the checkpoint's
+        values.pop("id2label")
+    return TransformerXLConfig(**{**values, **overrides})
 
 
 def _is_int(value) -> bool:

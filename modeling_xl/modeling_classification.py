@@ -20,14 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .auto_map import auto_map_for, complete_auto_map, share_weight_files
-from .backbones import backbone_class
 from .configuration_transformer_xl import TransformerXLConfig
-from .kernels import Dropout
-from .modeling_transformer_xl import TransformerXLPreTrainedModel
+from .task_model import SequenceSummary, TransformerXLTaskModel, check_class_ids, pool_hidden  # noqa: F401 (re-export)
 
 
 @dataclass
@@ -39,32 +35,6 @@ class TransformerXLSequenceClassifierOutput(ModelOutput):
     mems: tuple[torch.FloatTensor, ...] | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
-
-
-def pool_hidden(hidden: torch.Tensor, attention_mask: torch.Tensor | None, summary_type: str) -> torch.Tensor:
-    """One vector per sequence from hidden [B, T, d] -> [B, d], counting only real tokens (mask 1).
-
-    Example, T=4, hidden rows h0..h3, attention_mask [0, 1, 1, 1] (left padding):
-        last -> h3, first -> h1, mean -> (h1 + h2 + h3) / 3.
-    With right padding [1, 1, 0, 0]: last -> h1, first -> h0, mean -> (h0 + h1) / 2. Without a mask every token is
-    real (last -> h3, as XLNet's `hidden[:, -1]`).
-    """
-    if attention_mask is None:
-        real = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
-    else:
-        real = attention_mask.to(device=hidden.device, dtype=torch.bool)
-    positions = torch.arange(hidden.size(1), device=hidden.device).expand_as(real)  # [B, T]
-    if summary_type == "last":
-        index = torch.where(real, positions, -1).amax(dim=1)
-    elif summary_type == "first":
-        index = torch.where(real, positions, hidden.size(1)).amin(dim=1)
-    elif summary_type == "mean":
-        weights = real.to(hidden.dtype).unsqueeze(-1)  # [B, T, 1]
-        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-    else:
-        raise ValueError(f"summary_type={summary_type!r} is invalid; expected 'last', 'first' or 'mean'")
-    index = index.clamp(0, hidden.size(1) - 1)  # an all-padding row (rejected earlier) would not index out of range
-    return hidden[torch.arange(hidden.size(0), device=hidden.device), index]
 
 
 def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,10 +73,7 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor, problem_type
         labels = labels.view(-1)
         if labels.numel() != batch:
             raise ValueError(f"labels has shape {tuple(labels.shape)}; expected one class id per sequence ({batch})")
-        valid = labels != -100
-        if bool(((labels < 0) | (labels >= num_labels))[valid].any()):
-            bad = labels[valid & ((labels < 0) | (labels >= num_labels))][0].item()
-            raise ValueError(f"labels contains {bad}; expected class ids in [0, num_labels={num_labels}) (or -100)")
+        check_class_ids(labels, num_labels)
         return F.cross_entropy(logits, labels.long(), ignore_index=-100)
     if problem_type == "multi_label_classification":
         if tuple(labels.shape) != (batch, num_labels):
@@ -117,53 +84,15 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor, problem_type
                      "'single_label_classification' or 'multi_label_classification'")
 
 
-class SequenceSummary(nn.Module):
-    """XLNet's summary of the pooled vector: dropout(tanh(Linear_{d->d}(x)))."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.summary = nn.Linear(config.d_model, config.d_model)
-        self.activation = nn.Tanh()
-        self.last_dropout = Dropout(config.classifier_dropout)
-
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        return self.last_dropout(self.activation(self.summary(pooled)))
-
-
-class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
+class TransformerXLForSequenceClassification(TransformerXLTaskModel):
     """Backbone + pooling (`config.summary_type`) + sequence summary + `logits_proj` [d -> num_labels]."""
-
-    _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"^lm_head\.", r"^lm_loss\."]
 
     def __init__(self, config: TransformerXLConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.transformer = backbone_class(config)(config)
         self.sequence_summary = SequenceSummary(config)
         self.logits_proj = nn.Linear(config.d_model, config.num_labels)
         self.post_init()
-
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)  # not the causal LM's auto_map
-        share_weight_files(save_directory)
-        if self._auto_class is not None and kwargs.get("is_main_process", True):
-            complete_auto_map(save_directory, auto_map_for(self.config.attn_type, classifier=True))
-
-    def encode(self, input_ids, attention_mask=None, mems=None, token_type_ids=None, inputs_embeds=None,
-               output_attentions=None, output_hidden_states=None):
-        """Run the backbone. The causal backbone takes a key mask over [memory; segment]; the bidirectional one (as
-        XLNet) only over the segment, its memory always being visible, so padding must not have entered its memory."""
-        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        if attention_mask is not None and self.config.attn_type == "bi":
-            x = input_ids if input_ids is not None else inputs_embeds
-            if bool((attention_mask[:, : attention_mask.size(1) - x.size(1)] == 0).any()):
-                raise ValueError("attention_mask hides memory positions, which the bidirectional backbone "
-                                 "(attn_type='bi') cannot do (XLNet's memory is always visible); expected documents "
-                                 "without padding in memory (equal lengths in a batch, or batch size 1)")
-            attention_mask = attention_mask[:, -x.size(1):]
-        return self.transformer(input_ids=input_ids, mems=mems, inputs_embeds=inputs_embeds,
-                                output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                                return_dict=True, attention_mask=attention_mask, **extra)
 
     def forward(
         self,
@@ -194,16 +123,7 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
             out = self.forward_long(input_ids, attention_mask=attention_mask, labels=labels, segment_len=segment_len)
             return out if return_dict else out.to_tuple()
         x = input_ids if input_ids is not None else inputs_embeds
-        segment_mask = None
-        if attention_mask is not None and x is not None:
-            if attention_mask.dim() != 2 or attention_mask.size(0) != x.size(0):
-                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected [batch="
-                                 f"{x.size(0)}, seq_len={x.size(1)}] (or memory + seq_len)")
-            segment_mask = attention_mask[:, -x.size(1):]  # [B, T]
-            empty = (segment_mask == 0).all(dim=1)
-            if bool(empty.any()):
-                raise ValueError(f"attention_mask marks no real token in sequences {empty.nonzero().flatten().tolist()}"
-                                 "; expected at least one token per sequence to classify")
+        segment_mask = self.segment_mask(x, attention_mask)  # [B, T]
         outputs = self.encode(input_ids, attention_mask, mems, token_type_ids, inputs_embeds, output_attentions,
                               output_hidden_states)
         pooled = pool_hidden(outputs.last_hidden_state, segment_mask, self.config.summary_type)  # [B, d]
@@ -213,11 +133,8 @@ class TransformerXLForSequenceClassification(TransformerXLPreTrainedModel):
             if self.config.problem_type is None:
                 self.config.problem_type = infer_problem_type(self.num_labels, labels)
             loss = classification_loss(logits, labels, self.config.problem_type)
-        keep_mems = use_mems if use_mems is not None else mems is not None
-        out = TransformerXLSequenceClassifierOutput(loss=loss, logits=logits,
-                                                    mems=outputs.mems if keep_mems else None,
-                                                    hidden_states=outputs.hidden_states, attentions=outputs.attentions)
-        return out if return_dict else out.to_tuple()
+        return self.finish(TransformerXLSequenceClassifierOutput, outputs, mems, use_mems, return_dict, loss=loss,
+                           logits=logits)
 
     def forward_long(
         self,

@@ -32,11 +32,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
-from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .configuration_transformer_xl import TransformerXLConfig
 from .input_checks import ids_in_range, require
 from .kernels import Dropout, kernel
@@ -128,12 +126,7 @@ class PermutationLMPreTrainedModel(TransformerXLPreTrainedModel):
     (FSDP's transformer-layer auto-wrap puts one layer in each unit)."""
 
     _no_split_modules = ["PermutationLMLayer"]
-
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        PreTrainedModel.save_pretrained(self, save_directory, *args, **kwargs)
-        share_weight_files(save_directory)
-        if self._auto_class is not None and kwargs.get("is_main_process", True):
-            complete_auto_map(save_directory, auto_map_for("bi"))
+    saved_backbone = "bi"
 
 
 class TransformerXLPermutationModel(PermutationLMPreTrainedModel):

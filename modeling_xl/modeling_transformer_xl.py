@@ -234,6 +234,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["TransformerXLLayer"]
     _supports_sdpa = True
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq"]
+    saved_backbone = "uni"  # which backbone a saved folder maps `AutoModel` to (`save_pretrained`)
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """transformers' check of `attn_implementation`, plus "triton": the flash-style relative attention
@@ -250,8 +251,9 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """As in transformers, plus legacy transformers-4.x Transformer-XL folders/repos (model_type "transfo-xl"),
-        converted on the fly (see `legacy_conversion`)."""
+        """As in transformers, plus legacy transformers-4.x Transformer-XL folders/repos (model_type "transfo-xl")
+        and transformers XLNet folders/repos (model_type "xlnet"), converted on the fly (see `legacy_conversion`,
+        `xlnet_conversion`)."""
         from .legacy_conversion import find_legacy_files, legacy_model_and_new_weights, local_resolver
 
         path = str(pretrained_model_name_or_path)
@@ -277,13 +279,32 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
                 return model, {"missing_keys": set(new_weights), "unexpected_keys": set(), "mismatched_keys": set(),
                                "error_msgs": []}
             return model
+        from .xlnet_conversion import from_xlnet, is_xlnet_checkpoint
+
+        if is_xlnet_checkpoint(resolve):  # a transformers XLNet folder or repo: its weights are converted
+            overrides = {k: v for k, v in kwargs.items() if k not in LOADING_KWARGS and k != "config"}
+            config = kwargs.get("config")
+            model = from_xlnet(cls, path, config=config if isinstance(config, TransformerXLConfig) else None,
+                               ignore_mismatched_sizes=kwargs.get("ignore_mismatched_sizes", False), resolve=resolve,
+                               **overrides)
+            dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+            if isinstance(dtype, torch.dtype):
+                model = model.to(dtype)
+            if kwargs.get("output_loading_info"):  # every backbone weight was converted (else from_xlnet raised)
+                return model, {"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(),
+                               "error_msgs": []}
+            return model
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
+        """As in transformers; then the weights get the folder's permissions, and a remote-code folder's
+        `auto_map` every Auto class its weights fit (`auto_map.auto_map_for`): the backbone of `saved_backbone`
+        (None: the config's `attn_type`), the LM heads of a language model's folder, every task head."""
         super().save_pretrained(save_directory, *args, **kwargs)
         share_weight_files(save_directory)
         if self._auto_class is not None and kwargs.get("is_main_process", True):
-            complete_auto_map(save_directory, auto_map_for("uni"))
+            kind = self.saved_backbone or self.config.attn_type
+            complete_auto_map(save_directory, auto_map_for(kind, lm_heads=self.saved_backbone is not None))
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True):

@@ -1,23 +1,28 @@
-"""Import transformers XLNet checkpoints (`XLNetLMHeadModel`, `XLNetForSequenceClassification`, `XLNetModel`):
-`from_xlnet(TransformerXLForPermutationLM, path_or_model)` (or the classifier, or the bare backbone).
+"""Import transformers XLNet checkpoints (`XLNetLMHeadModel`, `XLNetModel` and every task head:
+`XLNetForSequenceClassification`, `...ForQuestionAnsweringSimple`, `...ForQuestionAnswering`,
+`...ForTokenClassification`, `...ForMultipleChoice`): `from_xlnet(TransformerXLForPermutationLM, path_or_model)`
+(or the matching head, or the bare backbone). `TransformerXLPreTrainedModel.from_pretrained` calls it for a folder
+or Hub repo whose config.json says model_type "xlnet", so every script imports XLNet folders as they are.
 
-An explicit key map, ours <- theirs, with `{}` standing for the layer index; every converted tensor is checked
-against the shape our model expects. XLNet stores each attention projection as [d_model, H, D] (applied with
-einsum); ours are `nn.Linear` weights: q, k, v fused into `qkv_net.weight` [3*H*D, d], `r_net.weight` [H*D, d],
+An explicit key map for the backbone, ours <- theirs, with `{}` standing for the layer index; every converted tensor
+is checked against the shape our model expects. XLNet stores each attention projection as [d_model, H, D] (applied
+with einsum); ours are `nn.Linear` weights: q, k, v fused into `qkv_net.weight` [3*H*D, d], `r_net.weight` [H*D, d],
 `o_net.weight` [d, H*D]. The output layer is tied to the token embedding; only its bias (`lm_loss.bias`) is copied.
+Task heads keep transformers' module names here (`HEAD_PREFIXES`), so their weights are copied as they are.
 
-Config differences: XLNet always keeps per-layer biases (untie_r=True here); XLNet drops attention probabilities with
-`dropout` (our `dropatt`); `mem_len=None` (keep every state) becomes 0 (no memory); `reuse_len` 0 becomes None.
+Config differences: see `configuration_transformer_xl.config_from_xlnet`.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 import os
 
 import torch
 
-from .configuration_transformer_xl import TransformerXLConfig
+from .configuration_transformer_xl import XLNET_MODEL_TYPE, TransformerXLConfig, config_from_xlnet  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -51,38 +56,10 @@ BACKBONE_KEY_MAP: dict[str, tuple[tuple[str, ...], callable]] = {
                     "layer_norm.bias")},
 }
 LM_HEAD_KEY_MAP = {"lm_head.bias": (("lm_loss.bias",), _same)}  # lm_head.weight is tied to the embedding
-# XLNetSequenceSummary (projection + tanh) and the logits layer; `TransformerXLForSequenceClassification` keeps
-# transformers' names for them.
-CLASSIFICATION_HEAD_KEY_MAP = {
-    f"{module}.{p}": ((f"{module}.{p}",), _same)
-    for module in ("sequence_summary.summary", "logits_proj") for p in ("weight", "bias")
-}
+# transformers' XLNet task heads; ours carry the same module names, so these keys are copied unchanged.
+HEAD_PREFIXES = ("sequence_summary.", "logits_proj.", "qa_outputs.", "classifier.", "start_logits.", "end_logits.",
+                 "answer_class.")
 TIED_SOURCE_KEYS = {"lm_loss.weight"}  # XLNet's tied output matrix: the embedding already carries it
-
-
-def config_from_xlnet(xlnet_config, **overrides) -> TransformerXLConfig:
-    """Our config for a transformers `XLNetConfig` (then `overrides`)."""
-    if xlnet_config.ff_activation not in ("gelu", "relu"):
-        raise ValueError(f"ff_activation={xlnet_config.ff_activation!r} is not supported; expected 'gelu' or 'relu'")
-    if xlnet_config.summary_type not in ("last", "first", "mean"):
-        raise ValueError(f"summary_type={xlnet_config.summary_type!r} is not supported; expected 'last', 'first' "
-                         "or 'mean'")
-    if xlnet_config.attn_type == "uni" and xlnet_config.same_length:
-        raise ValueError("same_length=True with attn_type='uni' is not supported by the permutation LM; expected "
-                         "same_length=False")
-    values = dict(
-        vocab_size=xlnet_config.vocab_size, d_model=xlnet_config.d_model, d_embed=xlnet_config.d_model,
-        n_layer=xlnet_config.n_layer, n_head=xlnet_config.n_head, d_head=xlnet_config.d_head,
-        d_inner=xlnet_config.d_inner, cutoffs=[], adaptive=False, div_val=1, pre_lnorm=False, untie_r=True,
-        attn_type=xlnet_config.attn_type, bi_data=xlnet_config.bi_data, clamp_len=xlnet_config.clamp_len,
-        mem_len=xlnet_config.mem_len or 0, reuse_len=xlnet_config.reuse_len or None,
-        dropout=xlnet_config.dropout, dropatt=xlnet_config.dropout, layer_norm_epsilon=xlnet_config.layer_norm_eps,
-        init_std=xlnet_config.initializer_range, ff_activation=xlnet_config.ff_activation,
-        summary_type=xlnet_config.summary_type, classifier_dropout=xlnet_config.summary_last_dropout,
-        id2label=dict(xlnet_config.id2label), pad_token_id=xlnet_config.pad_token_id,
-        bos_token_id=xlnet_config.bos_token_id, eos_token_id=xlnet_config.eos_token_id, tie_word_embeddings=True,
-    )
-    return TransformerXLConfig(**{**values, **overrides})
 
 
 def _expand(key_map: dict, n_layer: int) -> dict:
@@ -132,62 +109,121 @@ def convert_xlnet_state_dict(state_dict: dict, config: TransformerXLConfig) -> d
                          f"transformer.layers.{i}.ff.layer_2.weight": (d, config.d_inner)})
     out = convert_with_map(state_dict, BACKBONE_KEY_MAP, config.n_layer, expected)
     out.update(convert_with_map(state_dict, LM_HEAD_KEY_MAP, config.n_layer, expected, required=False))
-    out.update(xlnet_classification_head_state_dict(state_dict, config))
-    used = {t for theirs, _ in _expand({**BACKBONE_KEY_MAP, **LM_HEAD_KEY_MAP, **CLASSIFICATION_HEAD_KEY_MAP},
-                                       config.n_layer).values() for t in theirs}
-    unknown = sorted(set(state_dict) - used - TIED_SOURCE_KEYS)
+    out.update(xlnet_head_state_dict(state_dict))
+    used = {t for theirs, _ in _expand({**BACKBONE_KEY_MAP, **LM_HEAD_KEY_MAP}, config.n_layer).values()
+            for t in theirs}
+    unknown = sorted(set(state_dict) - used - TIED_SOURCE_KEYS - set(out))
     if unknown:
         raise ValueError(f"XLNet state dict has keys with no counterpart here: {unknown[:5]}; expected only the "
-                         "backbone, lm_loss and sequence-classification (sequence_summary, logits_proj) weights")
+                         f"backbone, lm_loss and task-head weights (keys starting with {', '.join(HEAD_PREFIXES)})")
     return out
 
 
-def xlnet_classification_head_state_dict(state_dict: dict, config: TransformerXLConfig) -> dict[str, torch.Tensor]:
-    """The sequence-summary projection and logits layer of an `XLNetForSequenceClassification` state dict:
-    `sequence_summary.summary.{weight,bias}` [d, d], [d] and `logits_proj.{weight,bias}` [num_labels, d],
-    [num_labels] (shape checked); {} when the state dict has no classification head."""
-    d, n = config.d_model, config.num_labels
-    expected = {"sequence_summary.summary.weight": (d, d), "sequence_summary.summary.bias": (d,),
-                "logits_proj.weight": (n, d), "logits_proj.bias": (n,)}
-    return convert_with_map(state_dict, CLASSIFICATION_HEAD_KEY_MAP, config.n_layer, expected, required=False)
+def xlnet_head_state_dict(state_dict: dict) -> dict[str, torch.Tensor]:
+    """The task-head weights of an XLNet state dict (keys under `HEAD_PREFIXES`), unchanged: our heads use
+    transformers' names. {} for a language model or a bare backbone. Shapes are checked against the model they load
+    into (`from_xlnet`)."""
+    return {k: v for k, v in state_dict.items() if k.startswith(HEAD_PREFIXES)}
 
 
-def load_xlnet(path_or_model) -> tuple[object, dict[str, torch.Tensor]]:
-    """(XLNetConfig, state dict) of a transformers XLNet model object or of a local folder saved by
-    `save_pretrained` (model.safetensors, or pytorch_model.bin read with weights_only=True)."""
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def read_weights(resolve, where: str) -> dict[str, torch.Tensor]:
+    """The state dict of a saved folder or repo, `resolve(name)` giving a local path or None: model.safetensors, the
+    shards of model.safetensors.index.json, or pytorch_model.bin (read with weights_only=True: nothing unpickled)."""
+    from safetensors.torch import load_file
+
+    for name in WEIGHT_FILES:
+        path = resolve(name)
+        if path is None:
+            continue
+        if name == "model.safetensors":
+            return load_file(path)
+        if name == "pytorch_model.bin":
+            return torch.load(path, map_location="cpu", weights_only=True)
+        with open(path, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        state = {}
+        for shard in shards:
+            shard_path = resolve(shard)
+            if shard_path is None:
+                raise ValueError(f"{where}: model.safetensors.index.json names {shard!r}, which is absent")
+            state.update(load_file(shard_path))
+        return state
+    raise ValueError(f"{where} holds none of {', '.join(WEIGHT_FILES)}; expected the weights beside config.json")
+
+
+def load_xlnet(path_or_model, resolve=None) -> tuple[object, dict[str, torch.Tensor]]:
+    """(XLNetConfig, state dict) of a transformers XLNet model object, of a local folder saved by `save_pretrained`,
+    or of any folder or repo through `resolve(file name) -> local path or None` (as `from_pretrained` resolves)."""
     from transformers import XLNetConfig
 
     if isinstance(path_or_model, torch.nn.Module):
         return path_or_model.config, {k: v.detach() for k, v in path_or_model.state_dict().items()}
     path = str(path_or_model)
-    if not os.path.isdir(path):
-        raise ValueError(f"path_or_model={path!r} is not a folder; expected an XLNet model or a local folder "
-                         "holding config.json and model.safetensors (or pytorch_model.bin)")
-    config = XLNetConfig.from_pretrained(path)
-    safetensors_file, bin_file = os.path.join(path, "model.safetensors"), os.path.join(path, "pytorch_model.bin")
-    if os.path.exists(safetensors_file):
-        from safetensors.torch import load_file
+    if resolve is None:
+        if not os.path.isdir(path):
+            raise ValueError(f"path_or_model={path!r} is not a folder; expected an XLNet model or a local folder "
+                             "holding config.json and model.safetensors (or pytorch_model.bin)")
 
-        return config, load_file(safetensors_file)
-    if os.path.exists(bin_file):
-        return config, torch.load(bin_file, map_location="cpu", weights_only=True)
-    raise ValueError(f"path_or_model={path!r} holds neither model.safetensors nor pytorch_model.bin")
+        def resolve(name):
+            return os.path.join(path, name) if os.path.exists(os.path.join(path, name)) else None
+
+    config_file = resolve("config.json")
+    if config_file is None:
+        raise ValueError(f"path_or_model={path!r} has no config.json; expected a folder saved by save_pretrained")
+    config = XLNetConfig.from_json_file(config_file)
+    return config, read_weights(resolve, f"path_or_model={path!r}")
 
 
-def from_xlnet(model_class, path_or_model, **config_overrides):
+def is_xlnet_checkpoint(resolve) -> bool:
+    """Whether the config.json that `resolve` finds says model_type "xlnet" (a transformers XLNet folder)."""
+    config_file = resolve("config.json")
+    if config_file is None:
+        return False
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            return json.load(f).get("model_type") == XLNET_MODEL_TYPE
+    except (OSError, ValueError):  # unreadable: the regular loader reports it
+        return False
+
+
+def from_xlnet(model_class, path_or_model, config=None, ignore_mismatched_sizes: bool = False, resolve=None,
+               **config_overrides):
     """A `model_class` instance with the weights of a transformers XLNet model (a model object or a saved folder):
-    `TransformerXLForPermutationLM` from an `XLNetLMHeadModel`, `TransformerXLForSequenceClassification` from an
-    `XLNetForSequenceClassification`, or the bare backbone `TransformerXLPermutationModel`; `config_overrides` set
-    config fields. Every backbone parameter must come from the checkpoint (else ValueError); head weights the checkpoint
-    lacks keep their initialisation (with a warning, as transformers does); head weights the model lacks are dropped."""
-    xlnet_config, state_dict = load_xlnet(path_or_model)
-    config = config_from_xlnet(xlnet_config, **config_overrides)
+    `TransformerXLForPermutationLM` from an `XLNetLMHeadModel`, a task head from the XLNet head of the same task
+    (`XLNetForSequenceClassification` -> `TransformerXLForSequenceClassification`, ...), or the bare backbone
+    `TransformerXLPermutationModel`. `config` (ours) replaces the converted one; `config_overrides` set its fields.
+
+    Every backbone parameter must come from the checkpoint (else ValueError naming the first missing ones). Head
+    weights the checkpoint lacks keep their initialisation (with a warning, as transformers does); head weights the
+    model lacks are dropped; a head weight of another shape (another number of labels) raises, unless
+    `ignore_mismatched_sizes` (then it is newly initialised, with a warning)."""
+    xlnet_config, state_dict = load_xlnet(path_or_model, resolve)
+    if config is None:
+        config = config_from_xlnet(xlnet_config, **config_overrides)
+    else:
+        config = copy.deepcopy(config)
+        for key, value in config_overrides.items():
+            setattr(config, key, value)
+        config.validate_architecture()
     model = model_class(config)
     converted = convert_xlnet_state_dict(state_dict, config)
     if "transformer.word_emb.weight" not in model.state_dict():  # the bare backbone
         converted = {k.removeprefix("transformer."): v for k, v in converted.items() if k.startswith("transformer.")}
     ours = model.state_dict()
-    result = model.load_state_dict({k: v for k, v in converted.items() if k in ours}, strict=False)
+    mismatched = {k: (tuple(v.shape), tuple(ours[k].shape)) for k, v in converted.items()
+                  if k in ours and v.shape != ours[k].shape}
+    if mismatched and not ignore_mismatched_sizes:
+        key, (theirs, wanted) = next(iter(mismatched.items()))
+        raise ValueError(f"XLNet weight {key!r} has shape {theirs}; {model_class.__name__} expects {wanted} (another "
+                         "number of labels?); expected the same head shape, or ignore_mismatched_sizes=True for a new "
+                         "head")
+    if mismatched:
+        logger.warning("%s: XLNet weights of another shape, newly initialised: %s", model_class.__name__, mismatched)
+    result = model.load_state_dict({k: v for k, v in converted.items() if k in ours and k not in mismatched},
+                                   strict=False)
     tied = getattr(model, "_tied_weights_keys", None) or {}
     missing = [k for k in result.missing_keys if k not in tied]
     backbone_missing = [k for k in missing if k.startswith("transformer.") or "transformer.word_emb.weight" not in ours]
@@ -197,13 +233,3 @@ def from_xlnet(model_class, path_or_model, **config_overrides):
     if missing:
         logger.warning("%s: newly initialised from no XLNet weights: %s", model_class.__name__, missing)
     return model.eval()
-
-
-def convert_xlnet_checkpoint(src, out_dir, **config_overrides):
-    """Convert an XLNet LM checkpoint (object or folder) and `save_pretrained` it to `out_dir` as a
-    `TransformerXLForPermutationLM`; returns the model."""
-    from .modeling_permutation_lm import TransformerXLForPermutationLM
-
-    model = from_xlnet(TransformerXLForPermutationLM, src, **config_overrides)
-    model.save_pretrained(out_dir)
-    return model

@@ -908,3 +908,32 @@ def test_an_unknown_heavy_tokenizer_stops_fine_tuning_with_the_cause_unless_allo
                                              max_train_steps=2, eval_steps=2))
     assert clean["unknown_token_share"] == 0.0
     assert not [r for r in caplog.records if r.name == "modeling_xl.finetuning.coverage"]
+
+
+def test_fine_tuning_from_a_transformers_xlnet_folder_imports_its_backbone(tmp_path):
+    """The path a user with `xlnet-base-cased` takes: a transformers XLNet folder as model_name_or_path. Its backbone
+    is imported (every weight equal to the folder's), not trained from a MISSING (random) backbone."""
+    from tokenization import train_word_level_tokenizer
+    from transformers import XLNetConfig, XLNetLMHeadModel
+
+    tokenizer = train_word_level_tokenizer(vocabulary_lines())
+    xlnet = XLNetLMHeadModel(XLNetConfig(vocab_size=len(tokenizer), d_model=16, n_layer=2, n_head=2, d_inner=32,
+                                         mem_len=0, pad_token_id=None, bos_token_id=None, eos_token_id=0))
+    xlnet.save_pretrained(tmp_path / "xlnet")
+    tokenizer.save_pretrained(tmp_path / "xlnet")
+    run_finetuning(finetune_args(tmp_path, tmp_path / "xlnet", max_train_steps=2, eval_steps=2, learning_rate=1e-12))
+    tuned = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
+    torch.testing.assert_close(tuned.transformer.word_emb.weight, xlnet.transformer.word_embedding.weight)
+    torch.testing.assert_close(tuned.transformer.layers[1].ff.layer_2.weight, xlnet.transformer.layer[1].ff.layer_2.weight)
+
+
+def test_a_checkpoint_without_backbone_weights_stops_fine_tuning_naming_the_folder(tmp_path, lm_checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    weights = lm_checkpoint / "model.safetensors"
+    kept = {k: v for k, v in load_file(weights).items() if not k.startswith("transformer.layers.")}
+    save_file(kept, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"model_name_or_path='{lm_checkpoint}': \d+ of the backbone's \d+ weights "
+                                         r"are missing from the checkpoint \(first: \['transformer.layers.0"):
+        run_finetuning(finetune_args(tmp_path, lm_checkpoint, max_train_steps=2, eval_steps=2))
+    assert not (tmp_path / "out").exists()

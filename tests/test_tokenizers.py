@@ -378,3 +378,42 @@ def test_word_level_tokenizer_of_a_lowercase_corpus_lowercases_its_input(tmp_pat
     words, counts = count_words(lines)
     pretraining = word_level_tokenizer_from_counts(words, counts, 12)  # what scripts/pretrain.py trains
     assert pretraining("The MAT")["input_ids"] == pretraining("the mat")["input_ids"]
+
+
+def test_task_script_features_of_every_tokenizer(tmp_path, unigram):
+    """What transformers' run_qa.py / run_ner.py / run_swag.py read, on the word-level tokenizer of a saved model
+    folder (`<eos>` declared pad, separator and summary token), the Unigram one (XLNet's `P <sep> Q <sep> <cls>`) and
+    the character-level one: offsets into each text, `sequence_ids()` of a pair, `word_ids()` of pre-split words, and
+    overflow windows with a stride that all repeat the question."""
+    from transformers import AutoTokenizer
+
+    from tokenization import declare_task_tokens
+
+    word = train_word_level_tokenizer(["the cat sat on the mat", "a dog ran"])
+    size = len(word)
+    assert declare_task_tokens(word) == ["pad_token", "sep_token", "cls_token"] and len(word) == size  # none added
+    word.save_pretrained(tmp_path / "word")
+    tokenizers = {"word": AutoTokenizer.from_pretrained(tmp_path / "word"), "unigram": unigram,
+                  "char": train_char_level_tokenizer(["the cat sat on the mat", "a dog ran"])}
+    for name, tok in tokenizers.items():
+        pair = tok("the cat", "sat on", return_offsets_mapping=True)
+        ids = pair.sequence_ids()
+        for k, text in enumerate(("the cat", "sat on")):  # each text's tokens cover its characters, spaces aside
+            covered = {c for i, s in enumerate(ids) if s == k for c in range(*pair["offset_mapping"][i])}
+            assert {c for c, ch in enumerate(text) if ch != " "} <= covered <= set(range(len(text))), name
+        assert max(i for i, s in enumerate(ids) if s == 0) < min(i for i, s in enumerate(ids) if s == 1), name
+        words = tok(["the", "cat", "sat"], is_split_into_words=True)
+        assert [w for w in words.word_ids() if w is not None][0] == 0 and max(filter(None, words.word_ids())) == 2
+        windows = tok("a dog", "the cat sat on the mat the cat sat", truncation="only_second", max_length=12,
+                      stride=2, return_overflowing_tokens=True)
+        assert len(windows["input_ids"]) >= 2 and set(windows["overflow_to_sample_mapping"]) == {0}, name
+        for i in range(len(windows["input_ids"])):
+            assert windows.sequence_ids(i).count(0) == len(tok("a dog", add_special_tokens=False)["input_ids"])
+    for name in ("word", "unigram"):
+        tok = tokenizers[name]
+        assert tok.padding_side == "left" and tok.pad_token is not None and tok.cls_token is not None
+        batch = tok(["the cat", "the cat sat on"], padding=True)
+        assert batch["attention_mask"][0][0] == 0 and batch["input_ids"][0][0] == tok.pad_token_id
+    assert tokenizers["word"].pad_token == tokenizers["word"].cls_token == "<eos>"
+    unigram_pair = tokenizers["unigram"]("the cat", "sat on")["input_ids"]
+    assert unigram_pair[-1] == tokenizers["unigram"].cls_token_id  # <cls> last: XLNet's layout

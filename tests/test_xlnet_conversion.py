@@ -8,10 +8,9 @@ from modeling_xl import TransformerXLForPermutationLM, TransformerXLPermutationM
 from modeling_xl.xlnet_conversion import (
     BACKBONE_KEY_MAP,
     config_from_xlnet,
-    convert_xlnet_checkpoint,
     convert_xlnet_state_dict,
     from_xlnet,
-    xlnet_classification_head_state_dict,
+    xlnet_head_state_dict,
 )
 
 V = 40
@@ -40,7 +39,8 @@ def test_key_map_covers_every_parameter_and_every_source_key():
 def test_folder_round_trip_equals_transformers(tmp_path):
     reference = XLNetLMHeadModel(xlnet_config()).eval()
     reference.save_pretrained(tmp_path / "xlnet")
-    convert_xlnet_checkpoint(tmp_path / "xlnet", tmp_path / "ours")
+    # converted on load, then saved in this package's format
+    TransformerXLForPermutationLM.from_pretrained(tmp_path / "xlnet").save_pretrained(tmp_path / "ours")
     loaded = TransformerXLForPermutationLM.from_pretrained(tmp_path / "ours").eval()
     x = torch.randint(0, V, (2, 6))
     target_mapping = torch.eye(6)[None, [1, 4]].expand(2, -1, -1)
@@ -54,7 +54,7 @@ def test_folder_round_trip_equals_transformers(tmp_path):
 def test_sequence_classification_weights_arrive_and_reproduce_transformers_logits():
     reference = XLNetForSequenceClassification(xlnet_config()).eval()
     config = config_from_xlnet(reference.config)
-    head = xlnet_classification_head_state_dict(reference.state_dict(), config)
+    head = xlnet_head_state_dict(reference.state_dict())
     assert {k: tuple(v.shape) for k, v in head.items()} == {
         "sequence_summary.summary.weight": (16, 16), "sequence_summary.summary.bias": (16,),
         "logits_proj.weight": (3, 16), "logits_proj.bias": (3,)}
@@ -71,7 +71,7 @@ def test_sequence_classification_weights_arrive_and_reproduce_transformers_logit
     logits = summary @ head["logits_proj.weight"].t() + head["logits_proj.bias"]
     want = reference(x, token_type_ids=tt, attention_mask=attention_mask).logits
     torch.testing.assert_close(logits, want, atol=1e-5, rtol=0)
-    assert xlnet_classification_head_state_dict(XLNetLMHeadModel(xlnet_config()).state_dict(), config) == {}
+    assert xlnet_head_state_dict(XLNetLMHeadModel(xlnet_config()).state_dict()) == {}
 
 
 def test_bare_xlnet_model_loads_into_backbone():
@@ -91,8 +91,8 @@ def test_bad_checkpoints_raise_naming_the_key():
     missing = {k: v for k, v in state.items() if k != "transformer.layer.1.rel_attn.seg_embed"}
     with pytest.raises(ValueError, match="lacks 'transformer.layer.1.rel_attn.seg_embed'"):
         convert_xlnet_state_dict(missing, config)
-    with pytest.raises(ValueError, match="no counterpart here: \\['qa_outputs.weight'\\]"):
-        convert_xlnet_state_dict(dict(state, **{"qa_outputs.weight": torch.zeros(2, 16)}), config)
+    with pytest.raises(ValueError, match="no counterpart here: \\['pooler.weight'\\]"):
+        convert_xlnet_state_dict(dict(state, **{"pooler.weight": torch.zeros(2, 16)}), config)
     bad_shape = dict(state, **{"transformer.layer.0.rel_attn.q": torch.zeros(15, 2, 8)})
     with pytest.raises(ValueError, match="cannot be converted to 'transformer.layers.0.attn.qkv_net.weight'"):
         convert_xlnet_state_dict(bad_shape, config)

@@ -15,6 +15,21 @@ def wrap_tokenizer(tokenizer: Tokenizer, **special_tokens) -> PreTrainedTokenize
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special_tokens)
 
 
+def declare_task_tokens(tokenizer) -> list[str]:
+    """Give a tokenizer that has an end-of-text token but no pad, separator or summary token (the word-level one:
+    its vocabulary has `<eos>` only) that token in those roles, so task scripts can pad batches, join pairs and find
+    a summary position: transformers' `run_qa.py` (its "no answer" position is the first `cls_token`), `run_ner.py`,
+    `run_swag.py`, `DataCollatorWithPadding`. No symbol is added (the model's vocabulary is unchanged); padding stays
+    hidden by `attention_mask`. Returns the roles it set. A label collator that ignores the pad id, such as
+    `DataCollatorForLanguageModeling`, then ignores `<eos>` targets too (it needs a pad token anyway)."""
+    if tokenizer.eos_token is None:
+        return []
+    roles = [role for role in ("pad_token", "sep_token", "cls_token") if getattr(tokenizer, role) is None]
+    for role in roles:
+        setattr(tokenizer, role, tokenizer.eos_token)
+    return roles
+
+
 def check_vocab_matches(tokenizer, config, *, allow_larger_model: bool = False, context: str | None = None) -> None:
     """Raise ValueError unless the tokenizer's vocabulary fits the model's `config.vocab_size`.
 

@@ -58,8 +58,9 @@ def build_model(args: FinetuneArguments, labels: LabelSpace, source):
     classifier = TransformerXLForSequenceClassification.__name__ in (source.architectures or [])
     same_task = classifier and (dict(source.id2label), source.problem_type) == (fields["id2label"],
                                                                                 labels.problem_type)
-    model = TransformerXLForSequenceClassification.from_pretrained(args.model_name_or_path, **fields,
-                                                                   ignore_mismatched_sizes=classifier)
+    model, info = TransformerXLForSequenceClassification.from_pretrained(
+        args.model_name_or_path, **fields, ignore_mismatched_sizes=classifier, output_loading_info=True)
+    check_backbone_loaded(model, info, args.model_name_or_path)
     if classifier and not same_task:
         with torch.no_grad():
             model._init_weights(model.logits_proj)
@@ -67,6 +68,18 @@ def build_model(args: FinetuneArguments, labels: LabelSpace, source):
                     "(%s); the rest, its sequence summary included, is kept", args.model_name_or_path,
                     list(source.id2label.values()), source.problem_type, labels.names, labels.problem_type)
     return model
+
+
+def check_backbone_loaded(model, loading_info: dict, source: str) -> None:
+    """ValueError naming `source` when any backbone weight came out of loading MISSING (newly initialised): a
+    fine-tuning run from such a backbone would train and report from random weights. A new head is expected."""
+    backbone = [name for name in loading_info.get("missing_keys", ()) if name.startswith("transformer.")]
+    if backbone:
+        total = sum(1 for name, _ in model.named_parameters() if name.startswith("transformer."))
+        raise ValueError(f"model_name_or_path={source!r}: {len(backbone)} of the backbone's {total} weights are "
+                         f"missing from the checkpoint (first: {sorted(backbone)[:3]}); expected a checkpoint of this "
+                         "package, a legacy Transformer-XL folder or a transformers XLNet folder (both converted), "
+                         "or --from_scratch for random weights")
 
 
 def model_inputs(batch: dict, args) -> dict:

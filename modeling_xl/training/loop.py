@@ -16,6 +16,8 @@ from typing import Callable
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 
+from tokenization import declare_task_tokens
+
 from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run, keep_freed_host_memory
 from .arguments import RUN_RECORDS, PretrainArguments, earlier_pretraining_run, processes_split, save_resolved
 from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
@@ -247,6 +249,7 @@ def finish(accelerator, args, model, data, state, results, global_batch: int, wa
     out = args.output_dir
     unwrapped = final_model(accelerator, model, state_dict)  # the plain model class, also under FSDP
     unwrapped.save_pretrained(out, state_dict=state_dict)
+    declare_task_tokens(data.tokenizer)  # task scripts (ours, transformers' run_qa/run_ner/run_swag) pad with <eos>
     data.tokenizer.save_pretrained(out)
     write_results(out, results, state.eval_history)
     plot_losses(f"{out}/{LOG_FILE}", f"{out}/{PLOT_FILE}")
