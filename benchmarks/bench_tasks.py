@@ -37,10 +37,10 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 DEV_TITLES = 4
 # one budget for both starting points; the learning rate is the issue-35 measurement's (1e-3 beat 1e-4 on tiny)
-COMMON = ["--learning_rate", "1e-3", "--warmup_ratio", "0.1", "--per_device_train_batch_size", "16",
+COMMON = ["--learning_rate", "1e-3", "--warmup_steps", "0.1", "--per_device_train_batch_size", "16",
           "--per_device_eval_batch_size", "32", "--report_to", "none", "--save_strategy", "no", "--seed", "42"]
 TASKS = {
-    "qa": ("question-answering/run_qa.py", ["--num_train_epochs", "2", "--max_seq_length", "192", "--doc_stride", "64"]),
+    "qa": ("question-answering/run_qa.py", ["--num_train_epochs", "1", "--max_seq_length", "192", "--doc_stride", "64"]),
     "pos": ("token-classification/run_ner.py", ["--num_train_epochs", "2", "--max_seq_length", "128",
                                                 "--text_column_name", "tokens", "--label_column_name", "upos_tags"]),
     "mc": ("multiple-choice/run_swag.py", ["--num_train_epochs", "3", "--max_seq_length", "64"]),
@@ -141,7 +141,7 @@ def scratch_folder(model: Path, out: Path) -> Path:
     torch.manual_seed(0)
     cls = TransformerXLForPermutationLM if config.attn_type == "bi" else TransformerXLForCausalLM
     cls(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(model).save_pretrained(out)
+    AutoTokenizer.from_pretrained(model, trust_remote_code=False).save_pretrained(out)
     return out
 
 
@@ -176,7 +176,7 @@ def main(argv=None) -> dict:
                                       check=True, capture_output=True, text=True,
                                       env={**os.environ, "PYTHON": sys.executable}).stdout.strip())
         data = task_data(Path(args.data), work)
-        tokenizer = AutoTokenizer.from_pretrained(model)
+        tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
         texts = {"qa": [r["context"] for r in data["qa"]["train"][:2000]] + [r["question"] for r in data["qa"]["train"][:2000]],
                  "pos": [" ".join(r["tokens"]) for r in data["pos"]["train"][:2000]],
                  "mc": [r["sent1"] + " " + r[f"ending{r['label']}"] for r in data["mc"]["train"][:2000]]}

@@ -417,3 +417,10 @@ def test_task_script_features_of_every_tokenizer(tmp_path, unigram):
     assert tokenizers["word"].pad_token == tokenizers["word"].cls_token == "<eos>"
     unigram_pair = tokenizers["unigram"]("the cat", "sat on")["input_ids"]
     assert unigram_pair[-1] == tokenizers["unigram"].cls_token_id  # <cls> last: XLNet's layout
+
+
+def test_unigram_vocabulary_smaller_than_the_alphabet_is_named():
+    with pytest.raises(ValueError, match=r"vocab_size=12 is too small for this corpus.*expected at least 20 \(its "
+                                         r"distinct characters after normalisation\)"):
+        train_unigram_tokenizer(["abcdefghijklmnop qrs"], vocab_size=12)
+    assert len(train_unigram_tokenizer(["abcdefghijklmnop qrs"], vocab_size=20)) == 20 + 9  # the specials on top

@@ -413,3 +413,32 @@ def test_a_tokenizer_that_leaves_most_of_the_corpus_unknown_is_warned_about(tmp_
     with caplog.at_level(logging.WARNING, logger="modeling_xl.training.loop"):
         run_pretraining(debug_args(tmp_path / "b", *extra), builder_of(None))
     assert "unknown token" not in caplog.text
+
+
+@pytest.mark.parametrize("objective", ["clm", "plm"])
+def test_unigram_tokenizer_runs_the_main_command(objective, tmp_path):
+    """`--tokenizer_type unigram` (XLNet's subwords) end to end, causal LM and permutation LM: it learns, and its
+    corpus stream ends each line with </s> (not the `<sep> <cls>` of XLNet's task template); the saved tokenizer loads
+    alone and reads cased text the corpus never had without <unk>, in XLNet's `P <sep> Q <sep> <cls>` layout."""
+    from transformers import AutoTokenizer
+
+    from modeling_xl.training.corpus import load_splits, load_tokenizer
+    from modeling_xl.data.tokenize import tokenize_corpus
+
+    out = tmp_path / objective
+    extra = ["--objective", "plm", "--tgt_len", "16", "--mem_len", "8"] if objective == "plm" else []
+    assert run_script(["--preset", "debug", "--tokenizer_type", "unigram", "--tokenizer_vocab_size", "400",
+                       "--max_train_steps", "30", "--learning_rate", "1e-2", "--eval_steps", "30",
+                       "--max_eval_segments", "10", "--output_dir", str(out), *extra]) == 0
+    history = eval_history(out)
+    assert history[-1]["eval_loss"] < history[0]["eval_loss"] - 0.5
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=False)
+    assert len(tokenizer) == json.loads((out / "config.json").read_text())["vocab_size"] == 400
+    pair = tokenizer("Zebra Quartz", "QUIXOTIC jackdaws")["input_ids"]
+    assert tokenizer.unk_token_id not in pair and pair[-1] == tokenizer.cls_token_id
+    args = parse_args(["--preset", "debug", "--tokenizer_type", "unigram", "--tokenizer_vocab_size", "400"])
+    corpus, _ = load_splits(args)
+    small = {"validation": corpus["validation"].select(range(3))}
+    stream = tokenize_corpus(small, load_tokenizer(args, corpus))["validation"].tolist()
+    end, sep, cls = (tokenizer.convert_tokens_to_ids(t) for t in ("</s>", "<sep>", "<cls>"))
+    assert stream.count(end) == 3 and stream[-1] == end and sep not in stream and cls not in stream

@@ -152,11 +152,36 @@ def encode_lines(lines: Iterable[str] | pa.Array, tokenizer, plan: WordLevelPlan
         if encoded is not None:
             return encoded
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    end = line_end_instead_of_template(backend, tokenizer)
     with plain_encoding(backend):
-        encodings = backend.encode_batch_fast(lines.to_pylist(), add_special_tokens=True)
+        encodings = backend.encode_batch_fast(lines.to_pylist(), add_special_tokens=end is None)
     counts = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
     flat = np.fromiter((i for e in encodings for i in e.ids), dtype=np.int32, count=int(counts.sum()))
-    return flat, counts
+    if end is None:
+        return flat, counts
+    return insert_after_each_line(flat, counts, end), counts + 1
+
+
+def line_end_instead_of_template(backend, tokenizer) -> int | None:
+    """The id that ends each corpus line when the tokenizer's single-text template is a task layout rather than a
+    line end: XLNet's `A <sep> <cls>` (the Unigram tokenizer's) becomes `A </s>` in a corpus stream, so a language
+    model learns where lines end, not a classification input's layout every line (a word-level `A <eos>` or a
+    character-level `A \n` template applies as it is: None). ValueError when such a tokenizer has no end token."""
+    post = getattr(backend, "post_processor", None)
+    if post is None:
+        return None
+    template = json.loads(post.__getstate__())
+    if template.get("type") != "TemplateProcessing":
+        return None
+    specials = [piece for piece in template.get("single", []) if "SpecialToken" in piece]
+    if len(specials) < 2:  # nothing, or one end token after the text: the template is the line end
+        return None
+    end = getattr(tokenizer, "eos_token_id", None)
+    if end is None:
+        raise ValueError(f"the tokenizer's single-text template adds {len(specials)} special tokens (a task layout such "
+                         "as XLNet's A <sep> <cls>) and it has no eos_token to end corpus lines with; expected an "
+                         "eos_token (the Unigram tokenizer's is </s>)")
+    return end
 
 
 @contextmanager

@@ -36,7 +36,19 @@ def train_unigram_tokenizer(lines: Iterable[str], *, vocab_size: int = 8000, low
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token="<unk>",
                                       max_piece_length=max_piece_length, show_progress=False)
-    tokenizer.train_from_iterator(_non_empty(lines), trainer)
+    try:
+        tokenizer.train_from_iterator(_non_empty(lines), trainer)
+    except Exception as error:  # the Rust trainer raises a bare Exception
+        if "not large enough to contain all chars" not in str(error):
+            raise
+        if isinstance(lines, (list, tuple)):
+            characters = len({ch for line in lines for ch in tokenizer.normalizer.normalize_str(line)})
+            need = f"at least {characters} (its distinct characters after normalisation)"
+        else:
+            need = "at least the corpus's number of distinct characters"
+        raise ValueError(f"vocab_size={vocab_size} is too small for this corpus: a Unigram vocabulary holds every "
+                         f"character of the corpus (the {len(SPECIAL_TOKENS)} special tokens come on top); expected "
+                         f"{need} (--tokenizer_vocab_size for scripts/pretrain.py)") from None
     if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
         raise ValueError("the corpus has no text; expected at least one non-empty line")
     return xlnet_format(tokenizer)

@@ -35,7 +35,8 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # 2: a text file's opening byte order mark is dropped (entries of 1 may hold it)
+CACHE_VERSION = 3  # 2: a text file's opening byte order mark is dropped (entries of 1 may hold it); 3: a task-layout
+# template (XLNet's A <sep> <cls>, the Unigram tokenizer's) ends corpus lines with </s> (`arrow_words.encode_lines`)
 COMPLETE = "COMPLETE"
 META = "meta.json"
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from tokenization.arrow_words import WordLevelPlan, encode_lines
 
-TOKENIZE_VERSION = "1"
+TOKENIZE_VERSION = "2"  # 2: a task-layout template (XLNet's A <sep> <cls>) ends corpus lines with </s>
 MULTIPROCESS_MIN_ROWS = 50_000  # below this, starting worker processes costs more than it saves
 
 

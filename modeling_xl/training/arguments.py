@@ -63,8 +63,8 @@ class PretrainArguments:
     validation_file: str | None = field(default=None, metadata={"help": "a local validation file (same format)"})
     text_column: str = field(default="text", metadata={"help": "column holding the text"})
     tokenizer_name: str | None = field(default=None, metadata={"help": "tokenizer folder; default: the model's, else one trained on the training split"})
-    tokenizer_type: str = field(default="word", metadata={"help": "tokenizer trained when none is given: word, char or byte"})
-    tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "symbols of a trained word-level tokenizer, special tokens included (default: the preset's vocab_size; fewer when the corpus has fewer words)"})
+    tokenizer_type: str = field(default="word", metadata={"help": "tokenizer trained when none is given: word (WT103's, perplexities comparable to the papers), unigram (XLNet's subwords: any text the corpus's characters spell has no <unk>), char or byte"})
+    tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "symbols of a trained word-level or unigram tokenizer, special tokens included (default: the preset's vocab_size; fewer when the corpus has fewer words)"})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "processes for tokenization"})
     token_cache_dir: str | None = field(default=None, metadata={"help": "tokenize the corpus once into this folder (a flat token file per split, memory-mapped by every process and every later run with the same corpus and tokenizer): for corpora larger than memory"})
     streaming: bool = field(default=False, metadata={"help": "clm: read the training split with datasets streaming, tokenized on the fly, never stored (see docs/data.md for its costs)"})
@@ -284,7 +284,7 @@ def validate(args: PretrainArguments) -> None:
     choice("lr_scheduler_type", args.lr_scheduler_type, SCHEDULERS)
     choice("optimizer", args.optimizer, OPTIMIZERS)
     choice("report_to", args.report_to, TRACKERS)
-    choice("tokenizer_type", args.tokenizer_type, ("word", "char", "byte"))
+    choice("tokenizer_type", args.tokenizer_type, ("word", "unigram", "char", "byte"))
     if args.mixed_precision is not None:
         choice("mixed_precision", args.mixed_precision, PRECISIONS)
     for name in ("train_batch_size", "tgt_len", "eval_tgt_len", "max_train_steps", "gradient_accumulation_steps",
@@ -339,9 +339,11 @@ def check_data_source(args: PretrainArguments) -> None:
     if args.streaming and args.objective == "plm":
         raise ValueError("streaming=True with objective='plm' is not supported: permutation-LM samples draw their B "
                          "segment anywhere in the row, which needs random access; expected --token_cache_dir")
-    if args.streaming and args.tokenizer_type == "char" and not (args.tokenizer_name or args.model_name_or_path):
-        raise ValueError("streaming=True with tokenizer_type='char' is not supported; expected tokenizer_type 'word' "
-                         "or 'byte', or a saved tokenizer (--tokenizer_name)")
+    if (args.streaming and args.tokenizer_type in ("char", "unigram")
+            and not (args.tokenizer_name or args.model_name_or_path)):
+        raise ValueError(f"streaming=True with tokenizer_type={args.tokenizer_type!r} is not supported (it trains on the "
+                         "whole corpus); expected tokenizer_type 'word' or 'byte', or a saved tokenizer (--tokenizer_name, "
+                         "e.g. from scripts/train_tokenizer.py)")
     if args.num_train_tokens is not None:
         if not args.streaming:
             raise ValueError(f"num_train_tokens={args.num_train_tokens} is set without streaming=True; expected it "

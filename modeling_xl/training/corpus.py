@@ -55,7 +55,7 @@ def load_splits(args):
 
 def load_tokenizer(args, corpus):
     """--tokenizer_name, else the tokenizer saved with --model_name_or_path, else one trained on the training split
-    (word level by default, capped at the preset's vocabulary size)."""
+    (word level by default, capped at the preset's vocabulary size; unigram at that size; char; byte)."""
     from transformers import AutoTokenizer
 
     saved = args.tokenizer_name or args.model_name_or_path
@@ -78,7 +78,14 @@ def load_tokenizer(args, corpus):
         from tokenization.char_level import train_char_level_tokenizer
 
         return train_char_level_tokenizer(texts.to_pylist())
-    raise ValueError(f"tokenizer_type={args.tokenizer_type!r} is invalid; expected 'word', 'char' or 'byte'")
+    if args.tokenizer_type == "unigram":  # XLNet's subwords; its <sep> and <cls> serve the permutation LM as they are
+        from tokenization.unigram import train_unigram_tokenizer
+
+        from ..configuration_transformer_xl import PRESETS
+
+        return train_unigram_tokenizer(texts.to_pylist(),
+                                       vocab_size=args.tokenizer_vocab_size or PRESETS[args.preset]["vocab_size"])
+    raise ValueError(f"tokenizer_type={args.tokenizer_type!r} is invalid; expected 'word', 'unigram', 'char' or 'byte'")
 
 
 def word_vocabulary_size(args) -> int:
