@@ -279,20 +279,25 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
                 return model, {"missing_keys": set(new_weights), "unexpected_keys": set(), "mismatched_keys": set(),
                                "error_msgs": []}
             return model
+        from .legacy_conversion import resolve_device_map, resolve_dtype
         from .xlnet_conversion import from_xlnet, is_xlnet_checkpoint
 
         if is_xlnet_checkpoint(resolve):  # a transformers XLNet folder or repo: its weights are converted
             overrides = {k: v for k, v in kwargs.items() if k not in LOADING_KWARGS and k != "config"}
             config = kwargs.get("config")
+            dtype = resolve_dtype(kwargs.get("dtype", kwargs.get("torch_dtype")))
+            info = {}
             model = from_xlnet(cls, path, config=config if isinstance(config, TransformerXLConfig) else None,
                                ignore_mismatched_sizes=kwargs.get("ignore_mismatched_sizes", False), resolve=resolve,
-                               **overrides)
-            dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
-            if isinstance(dtype, torch.dtype):
+                               loading_info=info, **overrides)
+            if isinstance(dtype, torch.dtype):  # "auto": the converted weights' own type (float32 as saved)
                 model = model.to(dtype)
+            device = resolve_device_map(kwargs.get("device_map"))
+            if device is not None:
+                model = model.to(device)
             if kwargs.get("output_loading_info"):  # every backbone weight was converted (else from_xlnet raised)
-                return model, {"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(),
-                               "error_msgs": []}
+                return model, {"missing_keys": set(info["missing_keys"]), "unexpected_keys": set(),
+                               "mismatched_keys": set(info["mismatched_keys"]), "error_msgs": []}
             return model
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 

@@ -190,7 +190,7 @@ def is_xlnet_checkpoint(resolve) -> bool:
 
 
 def from_xlnet(model_class, path_or_model, config=None, ignore_mismatched_sizes: bool = False, resolve=None,
-               **config_overrides):
+               loading_info: dict | None = None, **config_overrides):
     """A `model_class` instance with the weights of a transformers XLNet model (a model object or a saved folder):
     `TransformerXLForPermutationLM` from an `XLNetLMHeadModel`, a task head from the XLNet head of the same task
     (`XLNetForSequenceClassification` -> `TransformerXLForSequenceClassification`, ...), or the bare backbone
@@ -199,7 +199,8 @@ def from_xlnet(model_class, path_or_model, config=None, ignore_mismatched_sizes:
     Every backbone parameter must come from the checkpoint (else ValueError naming the first missing ones). Head
     weights the checkpoint lacks keep their initialisation (with a warning, as transformers does); head weights the
     model lacks are dropped; a head weight of another shape (another number of labels) raises, unless
-    `ignore_mismatched_sizes` (then it is newly initialised, with a warning)."""
+    `ignore_mismatched_sizes` (then it is newly initialised, with a warning). `loading_info`, when given, receives
+    the newly initialised (`missing_keys`) and the replaced (`mismatched_keys`) weights' names."""
     xlnet_config, state_dict = load_xlnet(path_or_model, resolve)
     if config is None:
         config = config_from_xlnet(xlnet_config, **config_overrides)
@@ -232,4 +233,6 @@ def from_xlnet(model_class, path_or_model, config=None, ignore_mismatched_sizes:
                          f"{backbone_missing[:5]}")
     if missing:
         logger.warning("%s: newly initialised from no XLNet weights: %s", model_class.__name__, missing)
+    if loading_info is not None:
+        loading_info.update(missing_keys=missing, mismatched_keys=sorted(mismatched))
     return model.eval()

@@ -146,6 +146,11 @@ def test_transformers_xlnet_folders_load_through_from_pretrained(tmp_path):
     mapping = torch.eye(6)[None, [1, 4]].expand(2, -1, -1)
     torch.testing.assert_close(ours(x, perm, mapping).logits,
                                lm(x, perm_mask=perm, target_mapping=mapping).logits, atol=1e-5, rtol=0)
+    # a new head on the LM's backbone: the head is reported as newly initialised; dtype and device apply
+    tagger, info = TransformerXLForTokenClassification.from_pretrained(
+        tmp_path / "lm", output_loading_info=True, dtype="bfloat16", device_map="cpu")
+    assert info["missing_keys"] == {"classifier.weight", "classifier.bias"} and not info["mismatched_keys"]
+    assert tagger.classifier.weight.dtype == torch.bfloat16 and tagger.transformer.word_emb.weight.device.type == "cpu"
     classifier = XLNetForSequenceClassification(xlnet_config()).eval()
     classifier.save_pretrained(tmp_path / "cls")
     assert TransformerXLConfig.from_pretrained(tmp_path / "cls").num_labels == 3
