@@ -146,6 +146,10 @@ def test_transformers_xlnet_folders_load_through_from_pretrained(tmp_path):
     mapping = torch.eye(6)[None, [1, 4]].expand(2, -1, -1)
     torch.testing.assert_close(ours(x, perm, mapping).logits,
                                lm(x, perm_mask=perm, target_mapping=mapping).logits, atol=1e-5, rtol=0)
+    lm.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")  # model.safetensors.index.json + shards
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    sharded = TransformerXLForPermutationLM.from_pretrained(tmp_path / "sharded").eval()
+    torch.testing.assert_close(sharded(x, perm, mapping).logits, ours(x, perm, mapping).logits, rtol=0, atol=0)
     # a new head on the LM's backbone: the head is reported as newly initialised; dtype and device apply
     tagger, info = TransformerXLForTokenClassification.from_pretrained(
         tmp_path / "lm", output_loading_info=True, dtype="bfloat16", device_map="cpu")
