@@ -14,7 +14,8 @@ question before the passage (what a causal model needs; with left padding it wri
 Baselines, computed here on the same dev split: QA, the context sentence sharing the most words with the question
 (SQuAD v1.1 EM / F1, `modeling_xl/metrics/squad`); POS, each word's most frequent training tag (unseen words: the
 most frequent tag overall); multiple choice, the choice sharing the most words with the question (ties: the first).
-The `<unk>` share of each task's training text under the model's tokenizer is printed beside the scores.
+The `<unk>` share of each task's training text under the model's tokenizer (as fine-tuning measures it:
+`finetuning.coverage.unknown_token_report`, the first 2,000 texts) is printed beside the scores.
 
     python benchmarks/bench_tasks.py --model outputs/tiny
 """
@@ -95,17 +96,14 @@ def script_args(task: str, work: Path) -> list[str]:
 
 # -------------------------------------------------------------------------------------------------------- baselines
 def qa_sentence_baseline(dev: list[dict]) -> dict:
-    from importlib.util import module_from_spec, spec_from_file_location
+    from modeling_xl.metrics.squad.squad import squad_v1
 
-    spec = spec_from_file_location("squad_metric", REPO / "modeling_xl" / "metrics" / "squad" / "squad.py")
-    squad = module_from_spec(spec)
-    spec.loader.exec_module(squad)
     predictions = {}
     for row in dev:
         sentences = [s for s in re.split(r"(?<=[.!?])\s+", row["context"]) if s]
         question = set(words(row["question"]))
         predictions[row["id"]] = max(sentences, key=lambda s: len(question & set(words(s))))  # first of the best
-    return squad.squad_v1(predictions, dev)
+    return squad_v1(predictions, dev)
 
 
 def pos_most_frequent_tag(train: list[dict], dev: list[dict]) -> dict:
@@ -127,11 +125,6 @@ def mc_overlap_baseline(dev: list[dict]) -> dict:
         overlaps = [len(question & set(words(row[f"ending{i}"]))) for i in range(4)]
         correct += overlaps.index(max(overlaps)) == row["label"]
     return {"accuracy": correct / len(dev)}
-
-
-def unknown_share(tokenizer, texts: list[str]) -> float:
-    ids = [i for text in texts for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
-    return sum(i == tokenizer.unk_token_id for i in ids) / max(len(ids), 1)
 
 
 # ----------------------------------------------------------------------------------------------------------- models
@@ -188,6 +181,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
+    from modeling_xl.finetuning.coverage import unknown_token_report  # the share fine-tuning reports (first 2,000)
+
     model = Path(args.model)
     work = Path(tempfile.mkdtemp(prefix="bench_tasks."))
     try:
@@ -196,9 +191,9 @@ def main(argv=None) -> dict:
                                       env={**os.environ, "PYTHON": sys.executable}).stdout.strip())
         data = task_data(Path(args.data), work)
         tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
-        texts = {"qa": [r["context"] for r in data["qa"]["train"][:2000]] + [r["question"] for r in data["qa"]["train"][:2000]],
-                 "pos": [" ".join(r["tokens"]) for r in data["pos"]["train"][:2000]],
-                 "mc": [r["sent1"] + " " + r[f"ending{r['label']}"] for r in data["mc"]["train"][:2000]]}
+        texts = {"qa": [r["context"] + " " + r["question"] for r in data["qa"]["train"]],
+                 "pos": [" ".join(r["tokens"]) for r in data["pos"]["train"]],
+                 "mc": [r["sent1"] + " " + r[f"ending{r['label']}"] for r in data["mc"]["train"]]}
         baselines = {"qa": qa_sentence_baseline(data["qa"]["dev"]),
                      "pos": pos_most_frequent_tag(data["pos"]["train"], data["pos"]["dev"]),
                      "mc": mc_overlap_baseline(data["mc"]["dev"])}
@@ -215,7 +210,7 @@ def main(argv=None) -> dict:
         base_text = f"EM {base['exact_match']:.1f} / F1 {base['f1']:.1f}" if qa else f"{base['accuracy']:.4f}"
         fmt = (lambda r: f"EM {r[key[0]]:.1f} / F1 {r[key[1]]:.1f}") if qa else (lambda r: f"{r[key[0]]:.4f}")
         name = task.split("_")[0]
-        rows.append([task, len(data[name]["train"]), len(data[name]["dev"]), f"{unknown_share(tokenizer, texts[name]):.1%}",
+        rows.append([task, len(data[name]["train"]), len(data[name]["dev"]), f"{unknown_token_report(tokenizer, texts[name])['share']:.1%}",
                      fmt(results[task]["pretrained"]), fmt(results[task]["scratch"]), base_text,
                      f"{results[task]['pretrained']['wall_s']:.0f} / {results[task]['scratch']['wall_s']:.0f}"])
     table = print_table(["task", "train rows", "dev rows", "<unk> share (train text)", "from --model",
