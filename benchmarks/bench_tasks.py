@@ -8,6 +8,11 @@ fine-tuned by transformers' own example scripts (`run_qa.py`, `run_ner.py`, `run
 - `--model`: a folder saved by the main command (`python scripts/pretrain.py --preset tiny --output_dir outputs/tiny`);
 - from scratch: the same architecture and tokenizer with random weights (saved here, seed 0).
 
+`--runner ours` runs this project's scripts instead (`scripts/finetune_question_answering.py`,
+`finetune_token_classification.py`, `finetune_multiple_choice.py`; `--from_scratch` for the second column) on the
+same rows with the same budget (learning rate, 10% warmup, batch, epochs, sequence lengths, seed); their QA layout is
+question first for the causal backbone.
+
 `qa_question_first` repeats the QA run with the folders' tokenizer padding on the right, so that `run_qa.py` writes the
 question before the passage (what a causal model needs; with left padding it writes XLNet's passage-first layout).
 
@@ -18,6 +23,7 @@ The `<unk>` share of each task's training text under the model's tokenizer (as f
 `finetuning.coverage.unknown_token_report`, the first 2,000 texts) is printed beside the scores.
 
     python benchmarks/bench_tasks.py --model outputs/tiny
+    python benchmarks/bench_tasks.py --model outputs/tiny --runner ours --tasks qa pos mc
 """
 
 from __future__ import annotations
@@ -52,6 +58,14 @@ TASKS = {
 # the same QA run with the folder's tokenizer padding on the right: run_qa.py then writes the question first
 # (`Q <eos> P <eos>`), which a causal model needs to read the passage knowing the question (docs/tasks.md)
 TASKS["qa_question_first"] = TASKS["qa"]
+# this project's scripts: the same budget (`OUR_COMMON`; warmup = 10% of the steps, computed per task)
+OUR_COMMON = ["--learning_rate", "1e-3", "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32",
+              "--seed", "42", "--disable_tqdm", "--allow_unknown_tokens"]
+OUR_TASKS = {
+    "qa": ("finetune_question_answering.py", 1, ["--max_length", "192", "--doc_stride", "64"]),
+    "pos": ("finetune_token_classification.py", 2, ["--max_length", "128", "--label_column", "upos_tags"]),
+    "mc": ("finetune_multiple_choice.py", 3, ["--max_length", "64"]),
+}
 WORD = re.compile(r"\w+")
 
 
@@ -83,6 +97,10 @@ def task_data(data: Path, work: Path) -> dict:
     subprocess.run([sys.executable, str(SHARED / "hf_examples" / "arc_to_swag.py"), str(data / "arc_easy"),
                     str(work / "swag"), "train", "validation"], check=True, capture_output=True)
     mc = {"train": read_jsonl(work / "swag" / "train.json"), "dev": read_jsonl(work / "swag" / "validation.json")}
+    for split, rows in mc.items():  # the same rows in our scripts' layout: question, choices, label
+        write_jsonl(work / f"mc_{split}.jsonl", [{"id": r.get("video-id", str(i)), "question": r["sent1"],
+                                                  "choices": [r[f"ending{k}"] for k in range(4)], "label": r["label"]}
+                                                 for i, r in enumerate(rows)])
     return {"qa": qa, "pos": pos, "mc": mc}
 
 
@@ -92,6 +110,12 @@ def script_args(task: str, work: Path) -> list[str]:
     if task == "pos":
         return ["--train_file", str(work / "pos_train.json"), "--validation_file", str(work / "pos_dev.json")]
     return ["--train_file", str(work / "swag" / "train.json"), "--validation_file", str(work / "swag" / "validation.json")]
+
+
+def our_script_args(task: str, work: Path) -> list[str]:
+    if task == "mc":
+        return ["--train_file", str(work / "mc_train.jsonl"), "--validation_file", str(work / "mc_dev.jsonl")]
+    return script_args(task, work)
 
 
 # -------------------------------------------------------------------------------------------------------- baselines
@@ -172,13 +196,36 @@ def run_task(scripts: Path, task: str, model: Path, work: Path, out: Path) -> di
     return results
 
 
+def run_ours(task: str, model: Path, work: Path, out: Path, scratch: bool, train_rows: int) -> dict:
+    """One of this project's task scripts; its dev metrics (keys as transformers' scripts name them) and wall time."""
+    script, epochs, extra = OUR_TASKS[task]
+    steps = epochs * -(-train_rows // 16)  # QA trains on windows, a few more than rows: the warmup is about 10%
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    begin = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--model_name_or_path", str(model),
+                           "--output_dir", str(out), "--num_train_epochs", str(epochs), "--num_warmup_steps",
+                           str(steps // 10), *OUR_COMMON, *extra, *our_script_args(task, work),
+                           *(["--from_scratch"] if scratch else [])], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script} on {model} failed:\n{proc.stderr[-4000:]}")
+    results = json.loads(next(out.glob("*_results.json")).read_text())
+    dev = {f"eval_{k}": v for k, v in results["dev"].items()}
+    return {**dev, "train_steps": results["train_steps"], "wall_s": time.perf_counter() - begin}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="a folder saved by scripts/pretrain.py")
     parser.add_argument("--data", default=str(SHARED / "data"))
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    parser.add_argument("--output", default="benchmarks/results/tasks.json")
+    parser.add_argument("--output", default=None, help="default: benchmarks/results/tasks.json, or tasks_ours.json")
+    parser.add_argument("--runner", default="transformers", choices=["transformers", "ours"],
+                        help="transformers' example scripts (default) or this project's task scripts")
     args = parser.parse_args(argv)
+    if args.runner == "ours" and "qa_question_first" in args.tasks:
+        parser.error("--runner ours: qa already reads the question first (the causal backbone's layout); "
+                     "expected --tasks among qa, pos, mc")
+    args.output = args.output or f"benchmarks/results/tasks{'_ours' if args.runner == 'ours' else ''}.json"
     from transformers import AutoTokenizer
 
     from modeling_xl.finetuning.coverage import unknown_token_report  # the share fine-tuning reports (first 2,000)
@@ -186,9 +233,10 @@ def main(argv=None) -> dict:
     model = Path(args.model)
     work = Path(tempfile.mkdtemp(prefix="bench_tasks."))
     try:
-        scripts = Path(subprocess.run(["bash", str(SHARED / "hf_examples" / "prepare.sh"), str(work / "scripts")],
-                                      check=True, capture_output=True, text=True,
-                                      env={**os.environ, "PYTHON": sys.executable}).stdout.strip())
+        if args.runner == "transformers":
+            scripts = Path(subprocess.run(["bash", str(SHARED / "hf_examples" / "prepare.sh"), str(work / "scripts")],
+                                          check=True, capture_output=True, text=True,
+                                          env={**os.environ, "PYTHON": sys.executable}).stdout.strip())
         data = task_data(Path(args.data), work)
         tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
         texts = {"qa": [r["context"] + " " + r["question"] for r in data["qa"]["train"]],
@@ -197,9 +245,14 @@ def main(argv=None) -> dict:
         baselines = {"qa": qa_sentence_baseline(data["qa"]["dev"]),
                      "pos": pos_most_frequent_tag(data["pos"]["train"], data["pos"]["dev"]),
                      "mc": mc_overlap_baseline(data["mc"]["dev"])}
-        starts = {"pretrained": model, "scratch": scratch_folder(model, work / "scratch")}
-        results = {task: {name: run_task(scripts, task, folder, work, work / f"{task}_{name}")
-                          for name, folder in starts.items()} for task in args.tasks}
+        if args.runner == "ours":
+            results = {task: {name: run_ours(task, model, work, work / f"{task}_{name}", name == "scratch",
+                                             len(data[task]["train"])) for name in ("pretrained", "scratch")}
+                       for task in args.tasks}
+        else:
+            starts = {"pretrained": model, "scratch": scratch_folder(model, work / "scratch")}
+            results = {task: {name: run_task(scripts, task, folder, work, work / f"{task}_{name}")
+                              for name, folder in starts.items()} for task in args.tasks}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = []
@@ -215,7 +268,9 @@ def main(argv=None) -> dict:
                      f"{results[task]['pretrained']['wall_s']:.0f} / {results[task]['scratch']['wall_s']:.0f}"])
     table = print_table(["task", "train rows", "dev rows", "<unk> share (train text)", "from --model",
                          "from scratch", "baseline", "wall s (pretrained / scratch)"], rows)
-    payload = {"model": str(model), "common_args": COMMON, "tasks": {t: TASKS[t] for t in args.tasks},
+    ours = args.runner == "ours"
+    payload = {"model": str(model), "runner": args.runner, "common_args": OUR_COMMON if ours else COMMON,
+               "tasks": {t: (OUR_TASKS if ours else TASKS)[t] for t in args.tasks},
                "results": results, "baselines": baselines, "table": table}
     write_json(args.output, payload)
     return payload

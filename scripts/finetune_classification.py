@@ -16,23 +16,15 @@ beside this one's in the model card. `--checkpointing_steps N` / `--resume_from_
 Library: `modeling_xl.finetuning`; documentation: docs/finetuning.md.
 """
 
-import logging
 import sys
 
-from modeling_xl.cli import dataclass_parser
-from modeling_xl.finetuning import FinetuneArguments, MetricError, dev_line, run_finetuning
+from modeling_xl.finetuning import FinetuneArguments
+from modeling_xl.finetuning.classification import ClassificationJob
+from modeling_xl.finetuning.command import command
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    args = FinetuneArguments(**vars(dataclass_parser(FinetuneArguments, __doc__).parse_args(argv)))
-    try:
-        results = run_finetuning(args)
-    except (ValueError, OSError, MetricError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(f"dev: {dev_line(results)}")
-    return 0
+    return command(FinetuneArguments, ClassificationJob, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -592,13 +592,14 @@ def test_an_earlier_classifier_of_other_labels_gets_a_new_class_layer(classifier
     """From the four-topic classifier: two classes (another count: the user's crash), two other names of the same
     count, and the same four topics (the class layer kept). The sequence summary is kept in every case."""
     from modeling_xl.finetuning.labels import LabelSpace
-    from modeling_xl.finetuning.loop import _read_config, build_model
+    from modeling_xl.finetuning.classification import build_model
+    from modeling_xl.finetuning.loop import _read_config
 
     source = AutoModelForSequenceClassification.from_pretrained(classifier_folder)
     args = finetune_args(tmp_path, classifier_folder)
     saved_config = _read_config(args)
     single = "single_label_classification"
-    with caplog.at_level(logging.INFO, logger="modeling_xl.finetuning.loop"):
+    with caplog.at_level(logging.INFO, logger="modeling_xl.finetuning.classification"):
         two = build_model(args, LabelSpace(single, ["0", "1"], {}), saved_config)
     assert two.logits_proj.weight.shape == (2, source.config.d_model) and "its class layer is new" in caplog.text
     assert torch.equal(two.sequence_summary.summary.weight, source.sequence_summary.summary.weight)
@@ -727,7 +728,7 @@ TWO_PROCESS_EVAL = textwrap.dedent("""
     from modeling_xl import TransformerXLConfig, TransformerXLForSequenceClassification
     from modeling_xl.finetuning.data import left_pad_collate
     from modeling_xl.finetuning.labels import LabelSpace
-    from modeling_xl.finetuning.loop import evaluate_model
+    from modeling_xl.finetuning.classification import evaluate_model
     from modeling_xl.finetuning.tasks import task_for
 
     accelerator = Accelerator()
@@ -750,7 +751,7 @@ def test_dev_scores_of_two_processes_are_those_of_the_whole_dev_set(tmp_path):
 
     from modeling_xl.finetuning.data import left_pad_collate
     from modeling_xl.finetuning.labels import LabelSpace
-    from modeling_xl.finetuning.loop import evaluate_model
+    from modeling_xl.finetuning.classification import evaluate_model
     from modeling_xl.finetuning.tasks import task_for
 
     (tmp_path / "driver.py").write_text(TWO_PROCESS_EVAL)

@@ -1,5 +1,6 @@
-"""Arguments of `scripts/finetune_classification.py`: one dataclass (the parser is built from it by `modeling_xl.cli`)
-and the checks that need no data."""
+"""Arguments of the fine-tuning scripts: `CommonArguments` (every task), `FinetuneArguments` (sequence
+classification; the other tasks' dataclasses live beside their jobs), and the checks that need no data. The parsers
+are built from the dataclasses by `modeling_xl.cli`."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ BUILTIN_TASKS = ("builtin", "builtin-long")  # see finetuning.builtin_task
 
 
 @dataclass
-class FinetuneArguments:
-    """Everything a fine-tuning run needs."""
+class CommonArguments:
+    """What every fine-tuning run needs, whatever its task (`FinetuneArguments` and the task scripts' arguments add
+    their columns and options)."""
 
     model_name_or_path: str = field(metadata={"help": "the pretrained folder (causal / permutation LM, classifier)"})
     output_dir: str = field(metadata={"help": "where the fine-tuned model, results, card and checkpoints go"})
@@ -26,24 +28,14 @@ class FinetuneArguments:
     train_file: str | None = field(default=None, metadata={"help": "local .csv/.tsv/.json/.jsonl training file"})
     validation_file: str | None = field(default=None, metadata={"help": "local dev file (same format)"})
     validation_split: str = field(default="validation", metadata={"help": "the Hub dataset's dev split"})
-    text_column: str = field(default="sentence", metadata={"help": "column holding the text (the first of a pair)"})
-    text_pair_column: str | None = field(default=None, metadata={"help": "column holding the second text of a pair"})
-    label_column: str = field(default="label", metadata={"help": "column holding the label(s)"})
-    problem_type: str | None = field(default=None, metadata={"help": "single_label_classification, "
-                                     "multi_label_classification or regression (default: from the labels)"})
-    label_delimiter: str = field(default=",", metadata={"help": "multi-label: separator of labels in a text column"})
-    threshold: float = field(default=0.5, metadata={"help": "multi-label: a class is predicted when sigmoid > this"})
     # model
     tokenizer_name: str | None = field(default=None, metadata={"help": "tokenizer folder (default: the model's)"})
     allow_unknown_tokens: bool = field(default=False, metadata={
         "help": "fine-tune even when more than half of the training texts' tokens are the tokenizer's unknown token "
                 "(above 10%% a warning names the likely cause)"})
     from_scratch: bool = field(default=False, metadata={"help": "same architecture, random weights (the baseline)"})
-    summary_type: str | None = field(default=None, metadata={"help": "pooling: last, first or mean real token"})
     max_length: int = field(default=128, metadata={"help": "tokens per text (pair); with --long_document the "
                                                           "segment length"})
-    long_document: bool = field(default=False, metadata={"help": "read whole documents segment by segment with "
-                                                                "memory (forward_long) instead of truncating"})
     # optimisation
     per_device_train_batch_size: int = 32
     per_device_eval_batch_size: int = 64
@@ -66,8 +58,25 @@ class FinetuneArguments:
     disable_tqdm: bool = False
 
 
-def validate(args: FinetuneArguments) -> None:
-    """Argument-level checks, before anything is read or written: ValueError naming argument, value, expectation."""
+@dataclass
+class FinetuneArguments(CommonArguments):
+    """Everything a sequence-classification run needs."""
+
+    text_column: str = field(default="sentence", metadata={"help": "column holding the text (the first of a pair)"})
+    text_pair_column: str | None = field(default=None, metadata={"help": "column holding the second text of a pair"})
+    label_column: str = field(default="label", metadata={"help": "column holding the label(s)"})
+    problem_type: str | None = field(default=None, metadata={"help": "single_label_classification, "
+                                     "multi_label_classification or regression (default: from the labels)"})
+    label_delimiter: str = field(default=",", metadata={"help": "multi-label: separator of labels in a text column"})
+    threshold: float = field(default=0.5, metadata={"help": "multi-label: a class is predicted when sigmoid > this"})
+    summary_type: str | None = field(default=None, metadata={"help": "pooling: last, first or mean real token"})
+    long_document: bool = field(default=False, metadata={"help": "read whole documents segment by segment with "
+                                                                "memory (forward_long) instead of truncating"})
+
+
+def validate_common(args: CommonArguments, results_file: str = RESULTS_FILE) -> None:
+    """Argument-level checks of every task, before anything is read or written: ValueError naming argument, value,
+    expectation."""
     for name in ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs"):
         positive_int(name, getattr(args, name))
     for name in ("max_train_steps", "max_train_samples", "eval_steps", "checkpointing_steps"):
@@ -86,6 +95,21 @@ def validate(args: FinetuneArguments) -> None:
         raise ValueError(f"max_train_time={args.max_train_time!r} is invalid; expected a positive number of seconds")
     for name in ("model_name_or_path", "tokenizer_name"):
         check_model_source(name, getattr(args, name))
+    if args.compare_with is not None:  # read after training: a wrong path would fail once the time is spent
+        compare_results_path(args.compare_with, results_file)
+
+
+def validate_task(args: CommonArguments, results_file: str, example_dataset: str) -> None:
+    """`validate_common` for a task other than classification, which has no built-in dataset."""
+    validate_common(args, results_file)
+    if args.dataset_name in BUILTIN_TASKS:
+        raise ValueError(f"dataset_name={args.dataset_name!r} is the built-in classification task; expected a "
+                         f"dataset of this task (e.g. {example_dataset}) or --train_file/--validation_file")
+
+
+def validate(args: FinetuneArguments) -> None:
+    """`validate_common` and the classification arguments' checks."""
+    validate_common(args)
     if args.summary_type is not None:
         choice("summary_type", args.summary_type, ("last", "first", "mean"))
     if args.problem_type is not None:
@@ -100,15 +124,13 @@ def validate(args: FinetuneArguments) -> None:
     if args.dataset_name in BUILTIN_TASKS and args.text_pair_column is not None:
         raise ValueError(f"text_pair_column={args.text_pair_column!r} is set for dataset_name={args.dataset_name!r}, "
                          "whose rows have one text; expected no text_pair_column")
-    if args.compare_with is not None:  # read after training: a wrong path would fail once the time is spent
-        compare_results_path(args.compare_with)
 
 
-def compare_results_path(compare_with: str) -> Path:
+def compare_results_path(compare_with: str, results_file: str = RESULTS_FILE) -> Path:
     """The results file `--compare_with` names (a file, or a run folder holding one); ValueError if there is none."""
     path = Path(compare_with)
-    path = path / RESULTS_FILE if path.is_dir() else path
+    path = path / results_file if path.is_dir() else path
     if not path.is_file():
-        raise ValueError(f"compare_with={compare_with!r} is invalid; expected a {RESULTS_FILE} file or a fine-tuning "
+        raise ValueError(f"compare_with={compare_with!r} is invalid; expected a {results_file} file or a fine-tuning "
                          "output folder holding one")
     return path

@@ -54,7 +54,7 @@ def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
     if args.validation_file is None:
         raise ValueError("validation_file is None; expected a dev file beside train_file (dev scores are reported)")
     files = {"train": args.train_file, "validation": args.validation_file}
-    suffixes = {Path(f).suffix.lower() for f in files.values()}
+    suffixes = {Path(f).suffix.lower().replace(".jsonl", ".json") for f in files.values()}  # both JSON lines or not
     for name, path in files.items():
         if Path(path).is_dir():
             inside = sorted(p.name for p in Path(path).iterdir() if p.suffix.lower() in LOCAL_BUILDERS)[:8]
@@ -87,6 +87,9 @@ def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
             raise ValueError(f"{argument} could not be read as {Path(path).suffix.lower()[1:].upper()} "
                              f"({type(cause).__name__}: {str(cause).strip()}); {expected}"
                              f"{_separator_hint(path)}") from error
+        if builder == "json" and len(raw[split]) == 1 and "data" in raw[split].column_names:
+            # one JSON object whose "data" holds the rows (SQuAD's files, transformers' run_qa.py convention)
+            raw[split] = load_split_files(builder, {split: path}, field="data", **options)[split]
         if len(raw[split]) == 0:
             raise ValueError(f"{argument} has no rows; {expected}")
     return datasets.DatasetDict(raw)

@@ -1,9 +1,10 @@
-"""`run_finetuning(args)`: checks -> data -> model -> Accelerate loop -> save the model -> metrics -> results and card.
+"""`run_job(job)`: checks -> data -> model -> Accelerate loop -> save the model -> metrics -> results and card, for
+every fine-tuning task (`job.Job`: classification, question answering, token classification, multiple choice).
 
 Every check that can fail on bad input (arguments, output folder, every row of the data, the checkpoint to resume,
 tokenizer against model) runs before the first optimizer step. After training the model and tokenizer are saved
 first: a failure in the final metrics or the card then loses nothing (a `MetricError` names the metric and the
-folder holding the weights). The dev loss is the mean over every dev example, whatever the number of processes.
+folder holding the weights). Dev metrics are computed over every dev example, whatever the number of processes.
 """
 
 from __future__ import annotations
@@ -23,136 +24,73 @@ from ..training.checkpointing import read_training_state
 from ..training.engines import refuse_split_world
 from ..training.output_guard import (MODEL_FILES, OutputDirLock, check_foreign_files, check_replaceable,
                                      is_launch_main_process)
-from .arguments import RESULTS_FILE, FinetuneArguments, validate
-from .card import save_model, save_records
+from .card import save_model
 from .checkpoints import (check_compatible, checkpoint_rng, earlier_run, read_checkpoint_rng, resolve_checkpoint,
                           rng_states, save_checkpoint, set_rng, split_checkpoint_rng)
-from .coverage import SAMPLE_TEXTS, check_unknown_share, unknown_token_report
-from .data import check_rows, left_pad_collate, load_raw_datasets, tokenize_split
-from .labels import LabelSpace
-from .tasks import MetricError, Task, task_for
+from .coverage import check_unknown_share, unknown_token_report
+from .job import Job, model_inputs
+from .tasks import MetricError
 
 logger = logging.getLogger(__name__)
 
-# what the final save of a fine-tuning run writes at the top of its output folder: the model files, the step log, the
-# results (`save_model`, `save_records`)
-FINAL_FILES = (*MODEL_FILES, LOG_FILE, RESULTS_FILE)
+
+def final_files(results_file: str) -> tuple[str, ...]:
+    """What the final save of a fine-tuning run writes at the top of its output folder: the model files, the step
+    log, the results (`save_model`, `Job.save_records`)."""
+    return (*MODEL_FILES, LOG_FILE, results_file)
 
 
-def build_model(args: FinetuneArguments, labels: LabelSpace, source):
-    """The classifier: a causal-LM / permutation-LM checkpoint with a new head (summary and class layer), or with
-    `from_scratch` the same architecture randomly initialised. From an earlier classifier the summary is kept, and its
-    class layer too when it was trained on the same labels (same names in the same order, same problem type): another
-    task (other classes, another number of them) gets a new class layer. `source`: the checkpoint's configuration
-    (`_read_config`). `problem_type` is set as transformers defines it."""
-    from ..configuration_transformer_xl import TransformerXLConfig
-    from ..modeling_classification import TransformerXLForSequenceClassification
+def run_finetuning(args) -> dict:
+    """Sequence classification (`scripts/finetune_classification.py`): `run_job(ClassificationJob(args))`."""
+    from .classification import ClassificationJob
 
-    fields = {"id2label": labels.id2label(),  # which sets num_labels (passing both makes transformers warn)
-              "label2id": {name: i for i, name in enumerate(labels.names)}, "problem_type": labels.problem_type}
-    if args.summary_type is not None:
-        fields["summary_type"] = args.summary_type
-    if args.from_scratch:
-        config = TransformerXLConfig.from_pretrained(args.model_name_or_path, **fields)
-        return TransformerXLForSequenceClassification(config)
-    classifier = TransformerXLForSequenceClassification.__name__ in (source.architectures or [])
-    same_task = classifier and (dict(source.id2label), source.problem_type) == (fields["id2label"],
-                                                                                labels.problem_type)
-    model, info = TransformerXLForSequenceClassification.from_pretrained(
-        args.model_name_or_path, **fields, ignore_mismatched_sizes=classifier, output_loading_info=True)
-    check_backbone_loaded(model, info, args.model_name_or_path)
-    if classifier and not same_task:
-        with torch.no_grad():
-            model._init_weights(model.logits_proj)
-        logger.info("model_name_or_path=%r is a classifier of other labels (%s, %s): its class layer is new for %s "
-                    "(%s); the rest, its sequence summary included, is kept", args.model_name_or_path,
-                    list(source.id2label.values()), source.problem_type, labels.names, labels.problem_type)
-    return model
+    return run_job(ClassificationJob(args))
 
 
-def check_backbone_loaded(model, loading_info: dict, source: str) -> None:
-    """ValueError naming `source` when any backbone weight came out of loading MISSING (newly initialised): a
-    fine-tuning run from such a backbone would train and report from random weights. A new head is expected."""
-    backbone = [name for name in loading_info.get("missing_keys", ()) if name.startswith("transformer.")]
-    if backbone:
-        total = sum(1 for name, _ in model.named_parameters() if name.startswith("transformer."))
-        raise ValueError(f"model_name_or_path={source!r}: {len(backbone)} of the backbone's {total} weights are "
-                         f"missing from the checkpoint (first: {sorted(backbone)[:3]}); expected a checkpoint of this "
-                         "package, a legacy Transformer-XL folder or a transformers XLNet folder (both converted), "
-                         "or --from_scratch for random weights")
-
-
-def model_inputs(batch: dict, args) -> dict:
-    """The batch as the model's keyword arguments (`segment_len` reads long documents with memory)."""
-    return {**batch, "segment_len": args.max_length} if args.long_document else batch
-
-
-@torch.no_grad()
-def evaluate_model(accelerator, model, dataloader, task: Task, args=None) -> dict:
-    """The task's metrics and `eval_loss` over the whole dev set: predictions, labels and per-example losses are
-    gathered from every process (`gather_for_metrics` drops the examples repeated to even out the last batch), so
-    every process returns the same numbers."""
-    model.eval()
-    predictions, references, losses = [], [], []
-    for batch in dataloader:
-        logits = model(**(batch if args is None else model_inputs(batch, args))).logits
-        gathered = accelerator.gather_for_metrics(
-            (task.predictions(logits), batch["labels"], task.per_example_loss(logits, batch["labels"])))
-        for store, value in zip((predictions, references, losses), gathered):
-            store.append(value.cpu())
-    model.train()
-    metrics = task.metrics(torch.cat(predictions), torch.cat(references))
-    return {**metrics, "eval_loss": float(torch.cat(losses).double().mean())}
-
-
-def run_finetuning(args: FinetuneArguments) -> dict:
+def run_job(job: Job) -> dict:
     """Fine-tune, save model + tokenizer, evaluate on the dev split, save results + model card; returns the results.
     On the CPU it sets glibc's malloc to keep freed memory for the rest of the process (`runs.keep_freed_host_memory`).
     The output folder is locked for the whole run (`output_guard.OutputDirLock`): a second run there is refused
     instead of mixing its checkpoints and log with this one's. A folder holding somebody's model, tokenizer or card
     but no earlier run is refused unless `overwrite_output_dir` (`output_guard.check_foreign_files`).
     """
-    validate(args)
-    with OutputDirLock(args.output_dir, enabled=is_launch_main_process()):
-        return _run_finetuning(args)
+    job.validate()
+    with OutputDirLock(job.args.output_dir, enabled=is_launch_main_process()):
+        return _run_job(job)
 
 
-def _run_finetuning(args: FinetuneArguments) -> dict:
+def _run_job(job: Job) -> dict:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
     from transformers import AutoTokenizer, get_scheduler
 
+    args, results_file = job.args, job.results_file
     resuming = args.resume_from_checkpoint is not None
     check_output_is_not_an_input(args)
-    output_dir = check_output_dir(args.output_dir, lambda folder: earlier_run(folder, RESULTS_FILE), resuming=resuming,
-                                  overwrite=args.overwrite_output_dir)
-    check_foreign_files(output_dir, bool(earlier_run(output_dir, RESULTS_FILE)), args.overwrite_output_dir)
-    check_replaceable(output_dir, FINAL_FILES)
+    output_dir = check_output_dir(args.output_dir, lambda folder: earlier_run(folder, results_file),
+                                  resuming=resuming, overwrite=args.overwrite_output_dir)
+    check_foreign_files(output_dir, bool(earlier_run(output_dir, results_file)), args.overwrite_output_dir)
+    check_replaceable(output_dir, final_files(results_file))
     if args.overwrite_output_dir:
-        check_inputs_survive(args, [output_dir / name for name in earlier_run(output_dir, RESULTS_FILE)])
+        check_inputs_survive(args, [output_dir / name for name in earlier_run(output_dir, results_file)])
     resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint) if resuming else None
     accelerator = Accelerator()
     refuse_split_world(accelerator)  # processes that would each fine-tune alone and write the same folder
     set_seed(args.seed)
-    raw = load_raw_datasets(args)
+    raw = job.load()
     if args.max_train_samples is not None:
         keep = range(min(args.max_train_samples, len(raw["train"])))
         raw["train"] = raw["train"].shuffle(seed=args.seed).select(keep)
-    labels, targets = check_rows(raw, args)
-    task = task_for(labels, args.threshold)
     model_config = _read_config(args)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     # before anything is trained: a tokenizer that leaves most of the text unknown is named, with the likely cause
-    columns = [c for c in (args.text_column, args.text_pair_column) if c is not None]
-    coverage = unknown_token_report(tokenizer, [t for c in columns for t in raw["train"][c][:SAMPLE_TEXTS]])
+    coverage = unknown_token_report(tokenizer, job.coverage_texts(raw["train"]))
     check_unknown_share(coverage, tokenizer.unk_token, args.allow_unknown_tokens)
-    keep_types = model_config.attn_type == "bi" and args.text_pair_column is not None
     with accelerator.main_process_first():
-        train, dev = (tokenize_split(raw[split], targets[split], tokenizer, args, keep_types)
-                      for split in ("train", "validation"))
+        train, dev = job.tokenize(raw, tokenizer, model_config)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model_config.pad_token_id or 0)
-    collate = left_pad_collate(pad_id, task.label_dtype)
+    collate = job.collate(pad_id)
     train_loader = DataLoader(train, shuffle=True, batch_size=args.per_device_train_batch_size, collate_fn=collate)
     dev_loader = DataLoader(dev, batch_size=args.per_device_eval_batch_size, collate_fn=collate)
     train_loader, dev_loader = accelerator.prepare(train_loader, dev_loader)  # sharded over the processes
@@ -163,7 +101,7 @@ def _run_finetuning(args: FinetuneArguments) -> dict:
     if resume_from is not None:  # before the model is loaded or anything is written
         saved = read_training_state(resume_from)
         check_compatible(saved, layout, resume_from, max_steps)
-    model = build_model(args, labels, model_config)
+    model = job.build_model(model_config)
     # before the first batch: an id past the embedding would fail there, naming neither the model nor the tokenizer
     check_vocab_matches(tokenizer, model.config, allow_larger_model=True,
                         context=f"tokenizer_name={args.tokenizer_name or args.model_name_or_path!r} does not fit "
@@ -174,7 +112,7 @@ def _run_finetuning(args: FinetuneArguments) -> dict:
                               num_training_steps=max_steps * accelerator.num_processes)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if accelerator.is_main_process and args.overwrite_output_dir:  # only once every check has passed
-        deleted = clear_run_records(output_dir, earlier_run(output_dir, RESULTS_FILE))
+        deleted = clear_run_records(output_dir, earlier_run(output_dir, results_file))
         if deleted:
             logger.info("overwrite_output_dir: deleted %s of the earlier run in %s", ", ".join(deleted), output_dir)
     accelerator.wait_for_everyone()
@@ -189,7 +127,7 @@ def _run_finetuning(args: FinetuneArguments) -> dict:
 
     def evaluate_at(at: int) -> None:
         during = f"during training (step {at}); the weights of this run are only in its checkpoints, if any"
-        history.append({"step": at, **scored(accelerator, model, dev_loader, task, args, during)})
+        history.append({"step": at, **scored(job, accelerator, model, dev_loader, during)})
         log.write(history[-1])
         logger.info("step %d: %s", at, history[-1])
 
@@ -207,27 +145,27 @@ def _run_finetuning(args: FinetuneArguments) -> dict:
     accelerator.wait_for_everyone()
     already = bool(history) and history[-1]["step"] == step  # the last step was an eval step: already scored
     final = ({k: v for k, v in history[-1].items() if k != "step"} if already
-             else scored(accelerator, model, dev_loader, task, args, f"after training; the fine-tuned model and "
-                         f"tokenizer are saved in {output_dir}"))
-    results = {"problem_type": task.problem_type, "dev": final, "history": history, "train_steps": step,
+             else scored(job, accelerator, model, dev_loader, f"after training; the fine-tuned model and tokenizer "
+                         f"are saved in {output_dir}"))
+    results = {**job.results_fields(), "dev": final, "history": history, "train_steps": step,
                "train_seconds": train_seconds,
                "train_examples_seen": step * args.per_device_train_batch_size * accelerator.num_processes,
-               "num_train_examples": len(train), "num_dev_examples": len(dev), "labels": labels.names,
+               "num_train_examples": len(train), "num_dev_examples": len(dev),
                "initialisation": "from scratch" if args.from_scratch else f"pretrained {args.model_name_or_path}",
                "unknown_token_share": None if coverage is None else coverage["share"], "args": asdict(args)}
     if accelerator.is_main_process:
         if not already:
             log.write({"step": step, **final})
-        save_records(args, task, results, accelerator.unwrap_model(model).config)
+        job.save_records(results, accelerator.unwrap_model(model).config)
     del model, optimizer, train_loader, dev_loader, scheduler  # the prepared wrappers go first (see `end_run`)
     end_run(accelerator)
     return results
 
 
-def scored(accelerator, model, dev_loader, task: Task, args: FinetuneArguments, when: str) -> dict:
-    """`evaluate_model`; a metric failure says when it happened and where the weights are (`when`)."""
+def scored(job: Job, accelerator, model, dev_loader, when: str) -> dict:
+    """`job.evaluate`; a metric failure says when it happened and where the weights are (`when`)."""
     try:
-        return evaluate_model(accelerator, model, dev_loader, task, args)
+        return job.evaluate(accelerator, model, dev_loader)
     except MetricError as error:
         raise MetricError(f"{error} ({when})") from error
 

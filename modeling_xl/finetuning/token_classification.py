@@ -1,0 +1,249 @@
+"""Token classification (NER, part-of-speech tagging) as a fine-tuning job
+(`scripts/finetune_token_classification.py`).
+
+Rows: a list of words (`tokens`) and a list of as many tags (`ner_tags`, `pos_tags`, `upos_tags`, `tags` or
+`labels`, the first present, or `--label_column`), as strings or as class ids of a `ClassLabel` column. Every word is
+tokenized on its own (`is_split_into_words=True`); its tag labels its first sub-token, and the other sub-tokens and the
+special tokens get -100 (no loss, no prediction).
+
+Without `--long_document` a sentence longer than `max_length` tokens is cut: the words past the cut are not read and
+count as wrong (their prediction is "O" for BIO tags, none for other tags). With `--long_document` nothing is cut:
+the model tags each document `max_length` tokens at a time, carrying its memory from one segment to the next
+(`TransformerXLForTokenClassification(segment_len=...)`, right padding).
+
+Metrics over every dev word: token accuracy; for BIO / IOBES tags also entity precision, recall and F1 as `seqeval`
+computes them by default (conlleval chunking: an `I-X` after `O` or another type opens an entity; micro-averaged over
+entity types), computed here (`entity_spans`), no package needed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import datasets
+import torch
+import torch.nn.functional as F
+
+from .arguments import CommonArguments, validate_task
+from .coverage import SAMPLE_TEXTS
+from .data import load_raw_datasets, row_namer
+from .job import Job, gather_padded, load_head, model_inputs, pad_width
+
+RESULTS_FILE = "token_classification_results.json"
+LABEL_COLUMNS = ("ner_tags", "pos_tags", "upos_tags", "tags", "labels")
+_SCHEME_TAG = re.compile(r"^[BIES]-.+$")
+
+
+@dataclass
+class TokenClassificationArguments(CommonArguments):
+    """Everything a token-classification run needs."""
+
+    tokens_column: str = field(default="tokens", metadata={"help": "column holding each row's list of words"})
+    label_column: str | None = field(default=None, metadata={
+        "help": "column holding each row's list of tags (default: the first of " + ", ".join(LABEL_COLUMNS) + ")"})
+    long_document: bool = field(default=False, metadata={"help": "tag whole documents max_length tokens at a time "
+                                                                 "with memory instead of cutting them"})
+
+
+def is_entity_scheme(names: list[str]) -> bool:
+    """BIO / IOBES tags: every tag is `O` or `B-X`, `I-X`, `E-X`, `S-X`, and at least one is not `O`."""
+    return any(n != "O" for n in names) and all(n == "O" or _SCHEME_TAG.match(n) for n in names)
+
+
+def entity_spans(tags: list[str]) -> set[tuple[str, int, int]]:
+    """(type, first word, last word) of every entity in a sentence's tags, chunked as conlleval (and seqeval's
+    default mode) chunks them: an entity ends before `B`/`S`/`O`, after `E`/`S`, or where the type changes; it
+    starts at `B`/`S`, or at an `I`/`E` that does not continue an entity of its type."""
+    spans, start, kind = set(), None, None
+    for i, tag in enumerate([*tags, "O"]):
+        prefix, _, typ = tag.partition("-") if tag != "O" else ("O", "", "")
+        continues = start is not None and prefix in ("I", "E") and typ == kind
+        if start is not None and not continues:
+            spans.add((kind, start, i - 1))
+            start = kind = None
+        if prefix != "O" and start is None:
+            start, kind = i, typ
+        if prefix in ("E", "S") and start is not None:
+            spans.add((kind, start, i))
+            start = kind = None
+    return spans
+
+
+def tagging_scores(predicted: list[list[str | None]], gold: list[list[str]], entities: bool) -> dict:
+    """{"accuracy"} over every word (an unread word, None, is wrong), and with `entities` entity
+    {"precision", "recall", "f1"} (micro over types; an unread word counts as "O")."""
+    words = sum(len(g) for g in gold)
+    scores = {"accuracy": sum(p == g for ps, gs in zip(predicted, gold) for p, g in zip(ps, gs)) / max(words, 1)}
+    if entities:
+        found = wanted = correct = 0
+        for ps, gs in zip(predicted, gold):
+            p, g = entity_spans([t or "O" for t in ps]), entity_spans(gs)
+            found, wanted, correct = found + len(p), wanted + len(g), correct + len(p & g)
+        precision = correct / found if found else 0.0
+        recall = correct / wanted if wanted else 0.0
+        scores.update(precision=precision, recall=recall,
+                      f1=2 * precision * recall / (precision + recall) if precision + recall else 0.0)
+    return scores
+
+
+class TokenClassificationJob(Job):
+    """A tag per word with `TransformerXLForTokenClassification`."""
+
+    results_file = RESULTS_FILE
+
+    def __init__(self, args: TokenClassificationArguments):
+        super().__init__(args)
+        self.label_column = args.label_column
+        self.names: list[str] = []
+        self.entities = False
+        self.dev_tags: list[list[str]] = []
+
+    @property
+    def card_metrics(self):
+        entity = (("f1", "f1", "entity F1"), ("precision", "precision", "entity precision"),
+                  ("recall", "recall", "entity recall"))
+        return (*(entity if self.entities else ()), ("accuracy", "accuracy", "token accuracy"))
+
+    def validate(self) -> None:
+        validate_task(self.args, RESULTS_FILE, "conll2003")
+
+    def load(self) -> datasets.DatasetDict:
+        args = self.args
+        raw = load_raw_datasets(args)
+        columns = raw["train"].column_names
+        if self.label_column is None:
+            found = [c for c in LABEL_COLUMNS if c in columns]
+            if not found:
+                raise ValueError(f"label_column=None and none of {list(LABEL_COLUMNS)} is a column of the train split; "
+                                 f"expected --label_column naming one of {columns}")
+            self.label_column = found[0]
+        feature = raw["train"].features.get(self.label_column)
+        class_names = getattr(getattr(feature, "feature", None), "names", None)
+        seen = []
+        for split, data in raw.items():
+            for name, column in (("tokens_column", args.tokens_column), ("label_column", self.label_column)):
+                if column not in data.column_names:
+                    raise ValueError(f"{name}={column!r} is not a column of the {split} split; expected one of "
+                                     f"{data.column_names}")
+            for row, (words, tags) in enumerate(zip(data[args.tokens_column], data[self.label_column])):
+                describe = row_namer(args, args.tokens_column)(split, row + 1)
+                if not isinstance(words, list) or not words or not all(isinstance(w, str) and w.strip()
+                                                                       for w in words):
+                    raise ValueError(f"{describe}: {str(words)[:120]}; expected a non-empty list of non-empty words")
+                if not isinstance(tags, list) or len(tags) != len(words):
+                    n = len(tags) if isinstance(tags, list) else tags
+                    raise ValueError(f"{row_namer(args, self.label_column)(split, row + 1)}: {n} tags for "
+                                     f"{len(words)} words; expected one tag per word")
+                if class_names is not None:
+                    tags = [class_names[t] for t in tags]
+                if split == "train":
+                    seen.extend(t for t in tags if t not in seen)
+                else:
+                    unknown = [t for t in tags if t not in seen]
+                    if unknown:
+                        raise ValueError(f"{row_namer(args, self.label_column)(split, row + 1)}: tag {unknown[0]!r} "
+                                         f"never occurs in the train split; expected one of {sorted(map(str, seen))}")
+        self.names = list(class_names) if class_names is not None else sorted(seen, key=str)
+        self.names = [str(n) for n in self.names]
+        self.entities = is_entity_scheme(self.names)
+        to_name = (lambda t: class_names[t]) if class_names is not None else str
+        self.dev_tags = [[to_name(t) for t in tags] for tags in raw["validation"][self.label_column]]
+        return raw
+
+    def coverage_texts(self, train) -> list[str]:
+        return [" ".join(words) for words in train[self.args.tokens_column][:SAMPLE_TEXTS]]
+
+    def tokenize(self, raw, tokenizer, config):
+        ids = {name: i for i, name in enumerate(self.names)}
+        feature = raw["train"].features.get(self.label_column)
+        class_names = getattr(getattr(feature, "feature", None), "names", None)
+        args = self.args
+
+        def encode(batch):
+            encoded = tokenizer(batch[args.tokens_column], is_split_into_words=True)
+            out = {"input_ids": [], "labels": []}
+            for i, tags in enumerate(batch[self.label_column]):
+                names = [class_names[t] for t in tags] if class_names is not None else [str(t) for t in tags]
+                labels, previous = [], None
+                for word in encoded.word_ids(i):
+                    labels.append(-100 if word is None or word == previous else ids[names[word]])
+                    previous = word
+                input_ids = encoded["input_ids"][i]
+                if not args.long_document:
+                    input_ids, labels = input_ids[:args.max_length], labels[:args.max_length]
+                out["input_ids"].append(input_ids)
+                out["labels"].append(labels)
+            return out
+
+        return tuple(raw[split].map(encode, batched=True, remove_columns=raw[split].column_names,
+                                    desc=f"Tokenizing the {split} split") for split in ("train", "validation"))
+
+    def collate(self, pad_id: int):
+        """Right padding (the memory of a long document runs left to right): input_ids, attention_mask, labels
+        (-100 on padding)."""
+        def collate(examples):
+            width = max(len(e["input_ids"]) for e in examples)
+            batch = {"input_ids": torch.full((len(examples), width), pad_id, dtype=torch.long),
+                     "attention_mask": torch.zeros(len(examples), width, dtype=torch.long),
+                     "labels": torch.full((len(examples), width), -100, dtype=torch.long)}
+            for row, e in enumerate(examples):
+                n = len(e["input_ids"])
+                batch["input_ids"][row, :n] = torch.tensor(e["input_ids"])
+                batch["attention_mask"][row, :n] = 1
+                batch["labels"][row, :n] = torch.tensor(e["labels"])
+            return batch
+
+        return collate
+
+    def build_model(self, config):
+        from ..modeling_token_classification import TransformerXLForTokenClassification
+
+        fields = {"id2label": dict(enumerate(self.names)), "label2id": {n: i for i, n in enumerate(self.names)}}
+        return load_head(TransformerXLForTokenClassification, self.args, fields)
+
+    @torch.no_grad()
+    def evaluate(self, accelerator, model, dev_loader) -> dict:
+        model.eval()
+        predictions, labels, losses, counts = [], [], [], []
+        for batch in dev_loader:
+            logits = model(**model_inputs(batch, self.args)).logits.float()
+            loss = F.cross_entropy(logits.transpose(1, 2), batch["labels"], ignore_index=-100, reduction="none")
+            predictions.append(gather_padded(accelerator, logits.argmax(-1), -100))
+            labels.append(gather_padded(accelerator, batch["labels"], -100))
+            losses.append(gather_padded(accelerator, loss.sum(1).double(), 0.0))
+            counts.append(gather_padded(accelerator, (batch["labels"] != -100).sum(1), 0))
+        model.train()
+        predicted_ids = pad_width([p.unsqueeze(-1) for p in predictions], -100).squeeze(-1)
+        label_ids = pad_width([x.unsqueeze(-1) for x in labels], -100).squeeze(-1)
+        predicted = []
+        for row, gold in enumerate(self.dev_tags):
+            read = [self.names[int(p)] for p in predicted_ids[row][label_ids[row] != -100]]
+            predicted.append(read + [None] * (len(gold) - len(read)))
+        scores = tagging_scores(predicted, self.dev_tags, self.entities)
+        unread = sum(len(g) - sum(p is not None for p in ps) for ps, g in zip(predicted, self.dev_tags))
+        return {**scores, "unread_words": unread,
+                "eval_loss": float(torch.cat(losses).sum() / max(int(torch.cat(counts).sum()), 1))}
+
+    def results_fields(self) -> dict:
+        return {"task": "token-classification", "labels": self.names, "label_column": self.label_column,
+                "entity_metrics": self.entities}
+
+    def card(self, results, baseline, config):
+        from .card import task_card
+
+        reading = (f"whole documents tagged {self.args.max_length} tokens at a time with the memory carried across "
+                   f"segments: call `model(input_ids, attention_mask=..., segment_len={self.args.max_length})`"
+                   if self.args.long_document else
+                   f"sentences cut at {self.args.max_length} tokens (words past the cut count as wrong)")
+        return task_card(
+            self, results, baseline, config, what="token classifier", unit="sentences",
+            task_type="token-classification",
+            usage=("from transformers import AutoModelForTokenClassification, AutoTokenizer\n\n"
+                   "model = AutoModelForTokenClassification.from_pretrained(\"MODEL\", trust_remote_code=True)\n"
+                   "tokenizer = AutoTokenizer.from_pretrained(\"MODEL\")\n"
+                   "inputs = tokenizer([\"A\", \"sentence\", \".\"], is_split_into_words=True, return_tensors=\"pt\")\n"
+                   "tags = [model.config.id2label[int(i)] for i in model(**inputs).logits.argmax(-1)[0]]"),
+            model_text=(f"`TransformerXLForTokenClassification`: a tag per token ({len(self.names)} tags: "
+                        f"{', '.join(self.names[:20])}{' ...' if len(self.names) > 20 else ''}); a word's tag is "
+                        f"its first sub-token's. Fine-tuned and evaluated on {reading}."))
