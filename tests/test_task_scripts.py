@@ -369,3 +369,58 @@ def test_multiple_choice_bad_input_is_named(tmp_path, task_checkpoint, capsys):
     assert run("finetune_multiple_choice", tmp_path, task_checkpoint, train, dev) == 1
     assert "row 5, column 'choices': ['paris']; expected a list of at least 2" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_multiple_choice_labels_keys_texts_and_context(task_checkpoint):
+    """`label_index` reads a label as the Hub's choice keys, then the choices' texts, then an index or a letter; with
+    a context only the passage is cut, so the question and the choice are always read."""
+    from transformers import AutoTokenizer
+
+    from modeling_xl.finetuning.multiple_choice import MultipleChoiceArguments, MultipleChoiceJob, label_index
+
+    assert label_index("1", ["a", "b"], ["1", "2"]) == 0 and label_index("B", ["a", "b"], ["A", "B"]) == 1
+    assert label_index("3", ["1", "2", "3", "4"]) == 2 and label_index("A", ["B", "C", "A"]) == 2
+    assert label_index("2", ["x", "y", "z"]) == 2 and label_index("c", ["x", "y", "z"]) == 2
+    assert label_index(3, ["x", "y", "z"]) is None and label_index("D", ["x", "y", "z"]) is None
+    assert label_index(True, ["x", "y"]) is None
+    tokenizer = AutoTokenizer.from_pretrained(task_checkpoint)
+    args = MultipleChoiceArguments(model_name_or_path="x", output_dir="y", context_column="passage", max_length=16)
+    job = MultipleChoiceJob(args)
+    job.targets = {"train": [1], "validation": [1]}
+    import datasets
+
+    rows = datasets.Dataset.from_list([{"passage": " ".join(FILLER * 3), "question": "where does bob live",
+                                        "choices": ["paris", "rome"], "label": 1}])
+    train, _ = job.tokenize(datasets.DatasetDict({"train": rows, "validation": rows}), tokenizer,
+                            TransformerXLConfig.from_pretrained(task_checkpoint))
+    for ids, choice in zip(train[0]["input_ids"], ["paris", "rome"]):
+        assert len(ids) == 16
+        assert tokenizer.decode(ids[-7:]).split() == ["<eos>", "where", "does", "bob", "live", choice, "<eos>"]
+
+
+def test_subset_of_training_rows_keeps_each_rows_label(tmp_path, task_checkpoint, one_thread):
+    """--max_train_samples subsets the rows before their labels are read: rows of 2 to 5 choices, the last one
+    right, train (a label read from another row would name an absent choice and stop the run)."""
+    rows = choice_rows(30, 7, counts=(2, 5))
+    for r in rows:
+        r["label"] = len(r["choices"]) - 1
+    train, dev = write_jsonl(tmp_path / "train.jsonl", rows), write_jsonl(tmp_path / "dev.jsonl", rows[:4])
+    assert run("finetune_multiple_choice", tmp_path, task_checkpoint, train, dev, "--max_train_samples", "12",
+               "--max_train_steps", "3", "--per_device_train_batch_size", "4") == 0
+    results = json.loads((tmp_path / "out" / "multiple_choice_results.json").read_text())
+    assert results["num_train_examples"] == 12 and sum(results["choices_per_question"]["train"].values()) == 12
+
+
+def test_a_folder_of_another_tasks_run_is_an_earlier_run(tmp_path, task_checkpoint, capsys, one_thread):
+    """A multiple-choice run into the folder of a question-answering run is refused; with --overwrite_output_dir
+    the earlier run's records (its results file included) go."""
+    qa_train = write_jsonl(tmp_path / "qa.jsonl", qa_rows(8, 1))
+    assert run("finetune_question_answering", tmp_path, task_checkpoint, qa_train, qa_train, "--max_train_steps",
+               "1", "--max_length", "24", "--doc_stride", "8") == 0
+    mc = write_jsonl(tmp_path / "mc.jsonl", choice_rows(8, 1))
+    assert run("finetune_multiple_choice", tmp_path, task_checkpoint, mc, mc, "--max_train_steps", "1") == 1
+    assert "qa_results.json" in capsys.readouterr().err
+    assert run("finetune_multiple_choice", tmp_path, task_checkpoint, mc, mc, "--max_train_steps", "1",
+               "--overwrite_output_dir") == 0
+    out = tmp_path / "out"
+    assert (out / "multiple_choice_results.json").is_file() and not (out / "qa_results.json").exists()

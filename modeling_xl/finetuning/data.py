@@ -31,8 +31,18 @@ LOCAL_BUILDERS = {".csv": ("csv", dict(_CSV_CELLS)), ".tsv": ("csv", {"delimiter
                   ".json": ("json", {}), ".jsonl": ("json", {})}
 
 
-def load_raw_datasets(args: FinetuneArguments) -> datasets.DatasetDict:
-    """{"train", "validation"} from the built-in task, the Hub (`dataset_name`) or local files."""
+def load_raw_datasets(args) -> datasets.DatasetDict:
+    """{"train", "validation"} from the built-in task, the Hub (`dataset_name`) or local files; with
+    `max_train_samples` the train split is a random subset of that size, taken here, before any job checks its rows
+    or computes its targets (which are by row)."""
+    raw = _load_raw_datasets(args)
+    if args.max_train_samples is not None:
+        keep = range(min(args.max_train_samples, len(raw["train"])))
+        raw["train"] = raw["train"].shuffle(seed=args.seed).select(keep)
+    return raw
+
+
+def _load_raw_datasets(args) -> datasets.DatasetDict:
     if (args.dataset_name is None) == (args.train_file is None):
         raise ValueError(f"dataset_name={args.dataset_name!r}, train_file={args.train_file!r}; expected exactly one "
                          "of them (a Hub dataset by name, 'builtin', or local CSV/TSV/JSON files)")

@@ -78,10 +78,7 @@ def _run_job(job: Job) -> dict:
     accelerator = Accelerator()
     refuse_split_world(accelerator)  # processes that would each fine-tune alone and write the same folder
     set_seed(args.seed)
-    raw = job.load()
-    if args.max_train_samples is not None:
-        keep = range(min(args.max_train_samples, len(raw["train"])))
-        raw["train"] = raw["train"].shuffle(seed=args.seed).select(keep)
+    raw = job.load()  # the `max_train_samples` subset included (`data.load_raw_datasets`)
     model_config = _read_config(args)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     # before anything is trained: a tokenizer that leaves most of the text unknown is named, with the likely cause

@@ -1,8 +1,10 @@
 """Multiple choice as a fine-tuning job (`scripts/finetune_multiple_choice.py`): ARC, RACE, SWAG-like questions.
 
-Rows: a question, a list of choices (any number from 2; questions of one dataset may have different numbers) and the
-label: the index of the right choice, or its letter ("A", "B", ...) or its text. An optional context (`--context_column`,
-RACE's passage) is read before the question. Each choice is read as a pair `question <sep> choice <sep>` (the
+Rows: a question, a list of choices (any number from 2; questions of one dataset may have different numbers; or the
+Hub's ARC layout {"text": [...], "label": [keys]}) and the label: the right choice's index (from 0), key, text,
+digit string or letter ("A" the first), read in the order `label_index` gives. An optional context
+(`--context_column`, RACE's passage) is read first: `context <sep> question choice <sep>`, only the passage cut when
+the pair exceeds `max_length`. Without a context each choice is read as a pair `question <sep> choice <sep>` (the
 longer of the two cut first when the pair exceeds `max_length`) and scored from its last token; a batch holds [B, C, L] with
 left padding, and a question with fewer choices than the batch's most has all-zero attention rows for the rest,
 which the head never reads and scores with the dtype's minimum (`TransformerXLForMultipleChoice`).
@@ -16,12 +18,12 @@ import datasets
 import torch
 import torch.nn.functional as F
 
-from .arguments import CommonArguments, validate_task
+from .arguments import TASK_RESULTS_FILES, CommonArguments, validate_task
 from .coverage import SAMPLE_TEXTS
 from .data import load_raw_datasets, row_namer
 from .job import Job, gather_padded, load_head
 
-RESULTS_FILE = "multiple_choice_results.json"
+RESULTS_FILE = TASK_RESULTS_FILES["multiple-choice"]
 
 
 @dataclass
@@ -35,20 +37,24 @@ class MultipleChoiceArguments(CommonArguments):
     context_column: str | None = field(default=None, metadata={"help": "a passage read before the question"})
 
 
-def label_index(label, choices: list[str]) -> int | None:
-    """The index `label` names among `choices` (an index, a letter A.., a digit string, or the choice's text)."""
+def label_index(label, choices: list[str], keys: list[str] | None = None) -> int | None:
+    """The index `label` names among `choices`, read in this order: an integer is an index (from 0); a string is one
+    of the choices' own keys (`keys`: the Hub's ARC keys its choices "A".."E" or "1".."5"), else one of the choices'
+    texts, else a digit string (an index from 0), else a letter A.. (A the first choice). None when it names none."""
     if isinstance(label, bool):
         return None
     if isinstance(label, int):
         return label if 0 <= label < len(choices) else None
-    if isinstance(label, str):
-        text = label.strip()
-        if text.isdigit():
-            return label_index(int(text), choices)
-        if len(text) == 1 and text.isalpha() and ord(text.upper()) - ord("A") < len(choices):
-            return ord(text.upper()) - ord("A")
-        if label in choices:
-            return choices.index(label)
+    if not isinstance(label, str):
+        return None
+    text = label.strip()
+    for names in (keys or [], choices):
+        if text in names:
+            return list(names).index(text)
+    if text.isdigit():
+        return label_index(int(text), choices)
+    if len(text) == 1 and text.isalpha() and 0 <= ord(text.upper()) - ord("A") < len(choices):
+        return ord(text.upper()) - ord("A")
     return None
 
 
@@ -78,28 +84,32 @@ class MultipleChoiceJob(Job):
                 if column not in data.column_names:
                     raise ValueError(f"{name}={column!r} is not a column of the {split} split; expected one of "
                                      f"{data.column_names}")
-            if isinstance(data.features[args.choices_column], dict):  # ARC on the Hub: {"text": [...], "label": [...]}
-                data = data.map(lambda r: {args.choices_column: r[args.choices_column]["text"]})
-                raw[split] = data
+            keyed = isinstance(data.features[args.choices_column], dict)  # ARC on the Hub: {"text": [...], "label": [...]}
             targets, counts = [], {}
             for row, example in enumerate(data.select_columns([c for _, c in names])):
                 where = row_namer(args, args.question_column)(split, row + 1)
                 question, choices = example[args.question_column], example[args.choices_column]
+                keys = None
+                if keyed:
+                    choices, keys = choices.get("text"), [str(k) for k in (choices.get("label") or [])]
                 if not isinstance(question, str) or not question.strip():
                     raise ValueError(f"{where}: {question!r} is empty; expected a non-empty question")
                 if (not isinstance(choices, list) or len(choices) < 2
                         or not all(isinstance(c, str) and c.strip() for c in choices)):
                     raise ValueError(f"{row_namer(args, args.choices_column)(split, row + 1)}: {choices!r}; expected a "
                                      "list of at least 2 non-empty choices")
-                index = label_index(example[args.label_column], choices)
+                index = label_index(example[args.label_column], choices, keys)
                 if index is None:
                     raise ValueError(f"{row_namer(args, args.label_column)(split, row + 1)}: "
                                      f"{example[args.label_column]!r} names none of the {len(choices)} choices; "
-                                     f"expected an index 0..{len(choices) - 1}, a letter A..{chr(64 + len(choices))} "
-                                     "or one of the choices' texts")
+                                     f"expected one of the choices' texts"
+                                     f"{' or keys ' + str(keys) if keys else ''}, an index 0..{len(choices) - 1} or a "
+                                     f"letter A..{chr(64 + len(choices))}")
                 targets.append(index)
                 counts[len(choices)] = counts.get(len(choices), 0) + 1
             self.targets[split], self.choice_counts[split] = targets, dict(sorted(counts.items()))
+            if keyed:
+                raw[split] = data.map(lambda r: {args.choices_column: r[args.choices_column]["text"]})
         return raw
 
     def coverage_texts(self, train) -> list[str]:
@@ -115,10 +125,13 @@ class MultipleChoiceJob(Job):
             if keep_types:
                 out["token_type_ids"] = []
             for k, (question, choices) in enumerate(zip(batch[args.question_column], batch[args.choices_column])):
-                if args.context_column is not None:
-                    question = f"{batch[args.context_column][k]} {question}"
-                encoded = tokenizer([question] * len(choices), choices, truncation="longest_first",
-                                    max_length=args.max_length, return_token_type_ids=keep_types)
+                if args.context_column is not None:  # the passage is cut, never the question or the choice
+                    encoded = tokenizer([batch[args.context_column][k]] * len(choices),
+                                        [f"{question} {choice}" for choice in choices], truncation="only_first",
+                                        max_length=args.max_length, return_token_type_ids=keep_types)
+                else:
+                    encoded = tokenizer([question] * len(choices), choices, truncation="longest_first",
+                                        max_length=args.max_length, return_token_type_ids=keep_types)
                 out["input_ids"].append(encoded["input_ids"])
                 if keep_types:
                     out["token_type_ids"].append(encoded["token_type_ids"])

@@ -27,12 +27,12 @@ import torch
 import torch.nn.functional as F
 
 from ..runs import positive_int
-from .arguments import CommonArguments, validate_task
+from .arguments import TASK_RESULTS_FILES, CommonArguments, validate_task
 from .coverage import SAMPLE_TEXTS
 from .data import load_raw_datasets, row_namer
 from .job import Job, gather_padded, load_head, pad_width
 
-RESULTS_FILE = "qa_results.json"
+RESULTS_FILE = TASK_RESULTS_FILES["question-answering"]
 
 
 @dataclass
@@ -254,7 +254,8 @@ class QuestionAnsweringJob(Job):
                 "eval_loss": float(torch.cat(losses).double().mean())}
 
     def best_spans(self, start_logits: torch.Tensor, end_logits: torch.Tensor) -> list[str]:
-        """The answer text of every dev example: the best-scoring valid span over its windows ("" when none)."""
+        """The answer text of every dev example: the best-scoring valid span over its windows ("" when none), without
+        the whitespace a subword's offsets may include before it."""
         args = self.args
         contexts = self.dev_rows[args.context_column]
         best: list[tuple[float, str]] = [(float("-inf"), "")] * len(contexts)
@@ -271,7 +272,7 @@ class QuestionAnsweringJob(Job):
                         continue
                     score = float(s[i] + e[j])
                     if score > best[example][0]:
-                        best[example] = (score, contexts[example][offsets[i][0]:offsets[j][1]])
+                        best[example] = (score, contexts[example][offsets[i][0]:offsets[j][1]].strip())
         return [text for _, text in best]
 
     # ------------------------------------------------------------------------------------------------- records

@@ -18,6 +18,7 @@ entity types), computed here (`entity_spans`), no package needed.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
@@ -25,12 +26,13 @@ import datasets
 import torch
 import torch.nn.functional as F
 
-from .arguments import CommonArguments, validate_task
+from .arguments import TASK_RESULTS_FILES, CommonArguments, validate_task
 from .coverage import SAMPLE_TEXTS
 from .data import load_raw_datasets, row_namer
 from .job import Job, gather_padded, load_head, model_inputs, pad_width
 
-RESULTS_FILE = "token_classification_results.json"
+logger = logging.getLogger(__name__)
+RESULTS_FILE = TASK_RESULTS_FILES["token-classification"]
 LABEL_COLUMNS = ("ner_tags", "pos_tags", "upos_tags", "tags", "labels")
 _SCHEME_TAG = re.compile(r"^[BIES]-.+$")
 
@@ -98,6 +100,7 @@ class TokenClassificationJob(Job):
         self.names: list[str] = []
         self.entities = False
         self.dev_tags: list[list[str]] = []
+        self.dev_words: list[list[int]] = []
 
     @property
     def card_metrics(self):
@@ -162,22 +165,27 @@ class TokenClassificationJob(Job):
 
         def encode(batch):
             encoded = tokenizer(batch[args.tokens_column], is_split_into_words=True)
-            out = {"input_ids": [], "labels": []}
+            out = {"input_ids": [], "labels": [], "words": []}
             for i, tags in enumerate(batch[self.label_column]):
                 names = [class_names[t] for t in tags] if class_names is not None else [str(t) for t in tags]
-                labels, previous = [], None
+                labels, words, previous = [], [], None
                 for word in encoded.word_ids(i):
-                    labels.append(-100 if word is None or word == previous else ids[names[word]])
+                    first = word is not None and word != previous
+                    labels.append(ids[names[word]] if first else -100)
                     previous = word
                 input_ids = encoded["input_ids"][i]
                 if not args.long_document:
                     input_ids, labels = input_ids[:args.max_length], labels[:args.max_length]
+                words = [w for w, label in zip(encoded.word_ids(i), labels) if label != -100]
                 out["input_ids"].append(input_ids)
                 out["labels"].append(labels)
+                out["words"].append(words)  # the word each labelled token tags, in order
             return out
 
-        return tuple(raw[split].map(encode, batched=True, remove_columns=raw[split].column_names,
-                                    desc=f"Tokenizing the {split} split") for split in ("train", "validation"))
+        train, dev = (raw[split].map(encode, batched=True, remove_columns=raw[split].column_names,
+                                     desc=f"Tokenizing the {split} split") for split in ("train", "validation"))
+        self.dev_words = dev["words"]
+        return train.select_columns(["input_ids", "labels"]), dev.select_columns(["input_ids", "labels"])
 
     def collate(self, pad_id: int):
         """Right padding (the memory of a long document runs left to right): input_ids, attention_mask, labels
@@ -200,7 +208,14 @@ class TokenClassificationJob(Job):
         from ..modeling_token_classification import TransformerXLForTokenClassification
 
         fields = {"id2label": dict(enumerate(self.names)), "label2id": {n: i for i, n in enumerate(self.names)}}
-        return load_head(TransformerXLForTokenClassification, self.args, fields)
+        model = load_head(TransformerXLForTokenClassification, self.args, fields)
+        tagger = TransformerXLForTokenClassification.__name__ in (config.architectures or [])
+        if tagger and not self.args.from_scratch and list(config.id2label.values()) != self.names:
+            with torch.no_grad():  # a tagger of other tags (even as many): its class layer is new for these
+                model._init_weights(model.classifier)
+            logger.info("model_name_or_path=%r tags %s; its class layer is new for %s", self.args.model_name_or_path,
+                        list(config.id2label.values()), self.names)
+        return model
 
     @torch.no_grad()
     def evaluate(self, accelerator, model, dev_loader) -> dict:
@@ -217,9 +232,11 @@ class TokenClassificationJob(Job):
         predicted_ids = pad_width([p.unsqueeze(-1) for p in predictions], -100).squeeze(-1)
         label_ids = pad_width([x.unsqueeze(-1) for x in labels], -100).squeeze(-1)
         predicted = []
-        for row, gold in enumerate(self.dev_tags):
-            read = [self.names[int(p)] for p in predicted_ids[row][label_ids[row] != -100]]
-            predicted.append(read + [None] * (len(gold) - len(read)))
+        for row, (gold, words) in enumerate(zip(self.dev_tags, self.dev_words)):
+            tags: list[str | None] = [None] * len(gold)  # a word no token of the window tags stays unread
+            for word, p in zip(words, predicted_ids[row][label_ids[row] != -100].tolist()):
+                tags[word] = self.names[p]
+            predicted.append(tags)
         scores = tagging_scores(predicted, self.dev_tags, self.entities)
         unread = sum(len(g) - sum(p is not None for p in ps) for ps, g in zip(predicted, self.dev_tags))
         return {**scores, "unread_words": unread,
