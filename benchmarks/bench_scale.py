@@ -19,6 +19,16 @@ Per size (corpus from `benchmarks/make_corpus.py`, made once and kept in work_di
   `--resume_from_checkpoint latest`: the losses after the checkpoint must equal the uninterrupted run's, step for step;
 - the in-memory path (no cache) for sizes <= --baseline_max_gb: peak RSS per process, for comparison.
 `--build_only` stops after the builds. Prints tables and writes `bench_scale.json` into work_dir.
+
+`--main_command` measures instead what a user gets from the main command on a local corpus, with no cache flag (the
+token cache is on by default in a fresh user cache folder, `MODELING_XL_CACHE=<work_dir>/user-cache`):
+`accelerate launch --num_processes 2 scripts/pretrain.py --preset tiny --train_file ... --validation_file ...`, three
+times per size: the first run (trains its tokenizer, builds the entry), the same command again, and a run that loads
+the first run's saved tokenizer (`--tokenizer_name <first output_dir>`). Per run: seconds to the first training step
+and the peak RSS (VmHWM) of every process of the run (the training processes, their tokenization workers, every
+descendant of the launcher), sampled every 0.1 s.
+
+    python benchmarks/bench_scale.py --main_command --sizes_gb 0.5 1 --work_dir /data/bench-scale --steps 6
 """
 
 from __future__ import annotations
@@ -163,14 +173,24 @@ def status_kib(pid: int, field: str) -> int:
     return 0
 
 
-def train(command: list[str], out: Path, work: Path, kill_after_step: int | None = None) -> dict:
-    """Run (or kill after `kill_after_step` is logged and a checkpoint exists); sample memory; time the first step."""
+def every_descendant(process: psutil.Process) -> list[psutil.Process]:
+    """Every process the launcher started, at any depth (training processes and their build workers)."""
+    try:
+        return process.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def train(command: list[str], out: Path, work: Path, kill_after_step: int | None = None, env: dict | None = None,
+          sample=workers) -> dict:
+    """Run (or kill after `kill_after_step` is logged and a checkpoint exists); sample memory of the processes
+    `sample(launcher)` lists; time the first step."""
     started = time.perf_counter()
-    process = subprocess.Popen(command, env=environment(work), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               start_new_session=True, text=True)
+    process = subprocess.Popen(command, env=env or environment(work), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, start_new_session=True, text=True)
     launcher, first_step, peaks = psutil.Process(process.pid), None, {}
     while process.poll() is None:
-        for worker in workers(launcher):
+        for worker in sample(launcher):
             hwm, anon = status_kib(worker.pid, "VmHWM"), status_kib(worker.pid, "RssAnon")
             old = peaks.get(worker.pid, (0, 0))
             peaks[worker.pid] = (max(old[0], hwm), max(old[1], anon))
@@ -246,6 +266,40 @@ def bench_size(size: float, work: Path, args) -> dict:
     return result
 
 
+def main_command(corpus: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    """The main command on a local corpus as docs/data.md gives it, 2 processes, no cache flag."""
+    return [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+            "no", "--dynamo_backend", "no", str(REPO / "scripts" / "pretrain.py"), "--preset", "tiny",
+            "--train_file", str(corpus / "train.txt"), "--validation_file", str(corpus / "valid.txt"),
+            "--output_dir", str(out), "--max_train_steps", str(steps), "--eval_steps", str(steps),
+            "--max_eval_segments", "2", "--disable_tqdm", "--overwrite_output_dir", *extra]
+
+
+def bench_main_command(size: float, work: Path, args) -> dict:
+    """Three runs of the main command on one corpus (module docstring), in a fresh user cache folder."""
+    corpus = work / f"corpus-{size:g}gb"
+    if not (corpus / "valid.txt").is_file():
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_corpus.py"), "--size_gb", str(size),
+                        "--output_dir", str(corpus), "--valid_fraction", "0.0005"], check=True)
+    user_cache = work / "user-cache"
+    shutil.rmtree(user_cache, ignore_errors=True)
+    env = {**environment(work), "MODELING_XL_CACHE": str(user_cache)}
+    first, again = work / "main-first", work / "main-again"
+    runs = {}
+    for name, out, extra in (("first run", first, ()), ("same command again", again, ()),
+                             ("--tokenizer_name <first run>", work / "main-saved", ("--tokenizer_name", str(first)))):
+        runs[name] = train(main_command(corpus, out, args.steps, *extra), out, work, env=env, sample=every_descendant)
+    entries = [p.name for p in (user_cache / "token_cache").iterdir() if (p / "COMPLETE").is_file()]
+    return {"size_gb": size, "bytes": (corpus / "train.txt").stat().st_size, "main_command": runs,
+            "cache_entries": entries}
+
+
+def main_command_rows(r: dict) -> list[list[str]]:
+    return [[f"{r['size_gb']:g} GB", name, f"{run['seconds_to_first_step']:.1f}", str(len(run["peak_rss_mb"])),
+             str(max(run["peak_rss_mb"])), "/".join(map(str, sorted(run["peak_rss_mb"], reverse=True)[:4]))]
+            for name, run in r["main_command"].items()]
+
+
 def build_row(r: dict) -> list[str]:
     build, generic = r["build"], r.get("datasets_build")
     return [f"{r['size_gb']:g} GB", f"{sum(build['tokens'].values()) / 1e6:.1f}M",
@@ -276,9 +330,18 @@ def main(argv=None) -> None:
     parser.add_argument("--datasets_build_max_gb", type=float, default=0.1,
                         help="also time the generic build (corpus loaded through datasets) up to this size")
     parser.add_argument("--build_only", action="store_true", help="only the cache builds (no training runs)")
+    parser.add_argument("--main_command", action="store_true", help="the main command with no cache flag, three "
+                        "runs per size (module docstring)")
     args = parser.parse_args(argv)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
+    if args.main_command:
+        results = [bench_main_command(size, work, args) for size in args.sizes_gb]
+        print_table(["corpus", "run", "first step s", "processes", "peak RSS MB (largest)", "largest four"],
+                    [row for r in results for row in main_command_rows(r)])
+        (work / "bench_main_command.json").write_text(json.dumps({"machine": machine_description(),
+                                                                  "args": vars(args), "results": results}, indent=2))
+        return
     results = []
     for size in args.sizes_gb:
         results.append(bench_size(size, work, args))

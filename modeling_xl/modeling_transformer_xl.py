@@ -21,6 +21,7 @@ The output is the adaptive softmax (`adaptive_softmax`, Grave et al. 2017) tied 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from dataclasses import dataclass
 
@@ -66,8 +67,25 @@ class TransformerXLCausalLMOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
+_MEMORY_GRADIENT = contextvars.ContextVar("memory_gradient", default=False)
+
+
+@contextlib.contextmanager
+def memory_gradient():
+    """Inside, `update_memory` keeps the memory's graph: the gradient of a later segment's loss reaches the earlier
+    segments that wrote its memory (backpropagation through every segment read). For one label per long document
+    (`TransformerXLForSequenceClassification.forward_long`), where no earlier segment has a loss of its own; the
+    activations of every segment are then kept until backward."""
+    token = _MEMORY_GRADIENT.set(True)
+    try:
+        yield
+    finally:
+        _MEMORY_GRADIENT.reset(token)
+
+
 def update_memory(mems, hiddens, mem_len: int):
-    """New memory per layer: the last `mem_len` states of `[mem; hidden]`, detached (no gradient crosses segments).
+    """New memory per layer: the last `mem_len` states of `[mem; hidden]`, detached (no gradient crosses segments;
+    inside `memory_gradient()` it keeps the graph).
 
     Each is a tensor of its own, of exactly its size: a slice of a concatenation would keep all of `[mem; hidden]`
     alive. Never the hidden state itself: that may be the caller's `inputs_embeds` (refilled in place for the next
@@ -84,6 +102,8 @@ def update_memory(mems, hiddens, mem_len: int):
             return h[:, -mem_len:].clone()
         return torch.cat([m[:, -from_mem:], h], dim=1)
 
+    if _MEMORY_GRADIENT.get():
+        return tuple(new_memory(m, h) for m, h in zip(mems, hiddens))
     with torch.no_grad():
         return tuple(new_memory(m, h) for m, h in zip(mems, hiddens))
 

@@ -13,6 +13,11 @@ import torch  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The token cache is on by default for local corpora (training.arguments.resolve_token_cache_dir): the suite's entries
+# go to a folder of its own, removed at exit, not into the user's ~/.cache (scripts run by the tests inherit it)
+_CACHE = __import__("tempfile").mkdtemp(prefix="modeling_xl_test_cache.")
+os.environ["MODELING_XL_CACHE"] = _CACHE
+__import__("atexit").register(__import__("shutil").rmtree, _CACHE, True)
 
 REPO = Path(__file__).resolve().parents[1]
 # The real corpora (WikiText-2, tiny-shakespeare, SST-2) live beside the checkout; MODELING_XL_SHARED_DATA points

@@ -288,3 +288,31 @@ def test_xlnet_sequence_classification_logits_match_transformers():
         x2 = torch.randint(5, 50, (3, 5))
         want2, got2 = reference(x2, mems=want.mems, use_mems=True), ours(x2, mems=got.mems)
         assert (want2.logits - got2.logits).abs().max() <= 1e-5
+
+
+def test_forward_long_gradient_equals_one_long_reads():
+    """The memory of `forward_long` keeps its graph: the loss's gradient of every weight (the embeddings of tokens
+    only the first segments hold included) equals that of one read of the whole document; `detach_memory=True`
+    trains only the last segment (the first tokens' embeddings get no gradient)."""
+    from modeling_xl import TransformerXLConfig, TransformerXLForSequenceClassification
+
+    torch.manual_seed(0)
+    config = TransformerXLConfig.from_preset("debug", vocab_size=40, cutoffs=[10], mem_len=24, num_labels=3)
+    model = TransformerXLForSequenceClassification(config).eval()  # no dropout: the two reads see the same masks
+    # ids 0-9 (the adaptive embedding's first cluster, cutoff 10) only in the first (short, 5-token) segment
+    ids = torch.cat([torch.randint(0, 10, (2, 5)), torch.randint(10, 40, (2, 16))], dim=1)
+    labels = torch.tensor([0, 2])
+
+    def gradients(**kwargs):
+        model.zero_grad()
+        model(ids, labels=labels, **kwargs).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    whole, long = gradients(), gradients(segment_len=8)
+    assert whole.keys() == long.keys()
+    for name in whole:
+        torch.testing.assert_close(long[name], whole[name], rtol=1e-4, atol=1e-6)
+    first_cluster = "transformer.word_emb.emb_layers.0.weight"
+    assert whole[first_cluster].abs().sum() > 0
+    detached = gradients(segment_len=8, detach_memory=True)
+    assert first_cluster not in detached or detached[first_cluster].abs().sum() == 0

@@ -269,15 +269,16 @@ def test_long_documents_are_read_whole_through_forward_long(tmp_path, lm_checkpo
     calls = []
     real = TransformerXLForSequenceClassification.forward_long
 
-    def spy(self, input_ids, attention_mask=None, labels=None, segment_len=128):
-        calls.append((tuple(input_ids.shape), segment_len, self.training))
-        return real(self, input_ids, attention_mask=attention_mask, labels=labels, segment_len=segment_len)
+    def spy(self, input_ids, attention_mask=None, labels=None, segment_len=128, detach_memory=False):
+        calls.append((tuple(input_ids.shape), segment_len, self.training, detach_memory))
+        return real(self, input_ids, attention_mask=attention_mask, labels=labels, segment_len=segment_len,
+                    detach_memory=detach_memory)
 
     monkeypatch.setattr(TransformerXLForSequenceClassification, "forward_long", spy)
     train, dev = write_tsv(tmp_path / "train.tsv", long_rows(32, 1)), write_tsv(tmp_path / "dev.tsv", long_rows(8, 2))
     whole = run_script(tmp_path, lm_checkpoint, train, dev, "--max_length", "16", "--long_document",
                        "--max_train_steps", "2", output="whole")
-    assert calls == [((16, 41), 16, True), ((16, 41), 16, True), ((8, 41), 16, False)]
+    assert calls == [((16, 41), 16, True, False), ((16, 41), 16, True, False), ((8, 41), 16, False, False)]
     assert whole["args"]["long_document"] and "segment_len=16" in (tmp_path / "whole" / "README.md").read_text()
     calls.clear()
     run_script(tmp_path, lm_checkpoint, train, dev, "--max_length", "16", "--max_train_steps", "2", output="cut")
@@ -938,3 +939,46 @@ def test_a_checkpoint_without_backbone_weights_stops_fine_tuning_naming_the_fold
                                          r"are missing from the checkpoint \(first: \['transformer.layers.0"):
         run_finetuning(finetune_args(tmp_path, lm_checkpoint, max_train_steps=2, eval_steps=2))
     assert not (tmp_path / "out").exists()
+
+
+def test_long_document_learns_evidence_that_truncation_cuts(tmp_path, one_thread):
+    """A topic cue among the first 6 words of a 2-segment document (segment 8 tokens), filler after it. Truncated to
+    its last 8 tokens the cue is gone: chance. Read whole with --long_document, the gradient crosses the memory and the
+    classifier learns the cue as a single long read does (the same numbers); with the paper's detached memory
+    (`--detach_memory`) no gradient reaches the cue's segment and it stays at chance (issue 35 item 4's cause)."""
+    import random
+
+    from tokenization import declare_task_tokens, train_word_level_tokenizer
+
+    cues = {"sport": "goal", "food": "soup", "music": "drum", "weather": "rain"}
+    filler = [f"w{i}" for i in range(30)]
+
+    def rows(n, seed):
+        rng, out = random.Random(seed), []
+        for _ in range(n):
+            topic, words = rng.choice(sorted(cues)), [rng.choice(filler) for _ in range(15)]
+            words.insert(rng.randrange(0, 6), cues[topic])
+            out.append((" ".join(words), topic))
+        return out
+
+    tokenizer = train_word_level_tokenizer([" ".join(filler + list(cues.values()))], lowercase=False)
+    declare_task_tokens(tokenizer)
+    config = TransformerXLConfig.from_preset("debug", vocab_size=len(tokenizer), cutoffs=[10], mem_len=16)
+    TransformerXLForCausalLM(config).save_pretrained(tmp_path / "lm")
+    tokenizer.save_pretrained(tmp_path / "lm")
+    train, dev = write_tsv(tmp_path / "train.tsv", rows(256, 1)), write_tsv(tmp_path / "dev.tsv", rows(128, 2))
+
+    def dev_scores(name, **overrides):
+        values = dict(model_name_or_path=str(tmp_path / "lm"), output_dir=str(tmp_path / name), train_file=str(train),
+                      validation_file=str(dev), max_length=8, learning_rate=3e-3, max_train_steps=150,
+                      per_device_train_batch_size=16, disable_tqdm=True)
+        return run_finetuning(FinetuneArguments(**{**values, **overrides}))["dev"]
+
+    cut, whole = dev_scores("cut"), dev_scores("whole", long_document=True)
+    detached = dev_scores("detached", long_document=True, detach_memory=True)
+    one_read = dev_scores("one_read", max_length=64)  # all 17 tokens in one segment
+    assert cut["accuracy"] < 0.35 and cut["eval_loss"] > 1.3
+    assert detached["accuracy"] < 0.35 and detached["eval_loss"] > 1.3
+    assert whole["accuracy"] > 0.45 and whole["eval_loss"] < 1.0
+    assert whole["accuracy"] == one_read["accuracy"] and whole["eval_loss"] == pytest.approx(one_read["eval_loss"],
+                                                                                             rel=1e-4)

@@ -46,10 +46,13 @@ def corpus(tmp_path_factory):
 
 
 def args_for(corpus, *extra, objective="clm", tgt_len=16):
+    """Arguments of a run on `corpus`: in memory (`--token_cache false`) unless `extra` asks for the cache or a
+    stream, so that the in-memory path stays the reference the other paths are compared with."""
     train, valid = corpus
+    source = [] if {"--token_cache_dir", "--streaming", "--token_cache"} & set(extra) else ["--token_cache", "false"]
     return parse_args(["--train_file", str(train), "--validation_file", str(valid), "--tgt_len", str(tgt_len),
                        "--train_batch_size", "4", "--tokenizer_vocab_size", "120", "--objective", objective,
-                       "--disable_tqdm", "--max_train_steps", "1000", *extra])
+                       "--disable_tqdm", "--max_train_steps", "1000", *source, *extra])
 
 
 def assert_same_batches(a, b, steps):
@@ -137,7 +140,7 @@ def test_killed_build_is_never_used(corpus, tmp_path):
     rebuilt = build_data(parse_args(argv + ["--tgt_len", "16", "--train_batch_size", "4"]), 0, 1, 4)
     assert not (cache_dir / f"{key}.partial").exists() and open_cache(cache_dir / key) is not None
     memory = build_data(parse_args([a for a in argv if a not in ("--token_cache_dir", str(cache_dir))]
-                                   + ["--tgt_len", "16", "--train_batch_size", "4"]), 0, 1, 4)
+                                   + ["--tgt_len", "16", "--train_batch_size", "4", "--token_cache", "false"]), 0, 1, 4)
     assert_same_batches(memory, rebuilt, range(len(memory.train)))
 
 
@@ -284,4 +287,54 @@ def test_run_from_cache_has_the_in_memory_run_losses(corpus, tmp_path, objective
         return [r["loss"] for r in read_log(tmp_path / name / "train_log.jsonl") if "loss" in r], results
 
     cached = run("cached", "--token_cache_dir", str(tmp_path / "cache"))
-    assert run("memory") == cached
+    assert run("memory", "--token_cache", "false") == cached
+
+
+# ---- the token cache by default (issue 35 item 6) -------------------------------------------------------------------
+
+
+def test_token_cache_is_on_by_default_for_local_files(corpus, tmp_path, monkeypatch, wikitext_folder):
+    """Local files (and a local dataset folder) use the cache in the user's cache folder; the built-in corpus, a
+    stream and `--token_cache false` do not; a folder given with `--token_cache false` is refused by name."""
+    monkeypatch.setenv("MODELING_XL_CACHE", str(tmp_path / "home"))
+    default = str(tmp_path / "home" / "token_cache")
+    files = ["--train_file", str(corpus[0]), "--validation_file", str(corpus[1])]
+    assert parse_args(files).token_cache_dir == default
+    assert parse_args(["--dataset_name", str(wikitext_folder)]).token_cache_dir == default
+    assert parse_args(files + ["--token_cache", "false"]).token_cache_dir is None
+    assert parse_args(files + ["--streaming"]).token_cache_dir is None
+    assert parse_args([]).token_cache_dir is None  # the built-in corpus: in memory, as before
+    assert parse_args(["--token_cache", "true"]).token_cache_dir == default
+    assert parse_args(files + ["--token_cache_dir", str(tmp_path / "mine")]).token_cache_dir == str(tmp_path / "mine")
+    monkeypatch.delenv("MODELING_XL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert parse_args(files).token_cache_dir == str(tmp_path / "xdg" / "modeling_xl" / "token_cache")
+    with pytest.raises(ValueError, match="token_cache=False and token_cache_dir='x' are both set"):
+        parse_args(files + ["--token_cache", "false", "--token_cache_dir", "x"])
+
+
+@pytest.mark.parametrize("objective", ["clm", "plm"])
+def test_rerun_with_the_first_runs_saved_tokenizer_opens_the_same_entry(corpus, tmp_path, monkeypatch, objective):
+    """A run trains its tokenizer and builds the entry (no cache flag: the default folder); a second run that loads
+    the tokenizer saved in the first run's output folder opens that entry without building anything (the key follows
+    the tokenizer's content, not how it was obtained), and the run record names the folder."""
+    from modeling_xl.training import cached_corpus, run_pretraining
+
+    monkeypatch.setenv("MODELING_XL_CACHE", str(tmp_path / "home"))
+    common = ["--preset", "debug", "--train_file", str(corpus[0]), "--validation_file", str(corpus[1]),
+              "--objective", objective, "--tgt_len", "16", "--mem_len", "8", "--max_train_steps", "1",
+              "--eval_steps", "1", "--max_eval_segments", "1", "--disable_tqdm"]
+    run_pretraining(parse_args(common + ["--tokenizer_vocab_size", "120", "--output_dir", str(tmp_path / "first")]))
+    record = json.loads((tmp_path / "first" / "training_config.json").read_text())
+    assert record["token_cache_dir"] == str(tmp_path / "home" / "token_cache")
+    entries = [p for p in (tmp_path / "home" / "token_cache").iterdir() if (p / "COMPLETE").is_file()]
+    assert len(entries) == 1
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the second run built a cache entry")
+
+    monkeypatch.setattr(cached_corpus, "build_from_text_files", no_build)
+    monkeypatch.setattr(cached_corpus, "build_through_datasets", no_build)
+    again = cached_corpus.cached_tokens(parse_args(common + ["--tokenizer_name", str(tmp_path / "first"),
+                                                             "--output_dir", str(tmp_path / "second")]))
+    assert again.path == entries[0]

@@ -7,6 +7,10 @@ Layout of one cache entry, `<cache_dir>/<key>/` (key = fingerprint of corpus + t
     tokenizer/       the tokenizer the ids come from (`save_pretrained`)
     COMPLETE         written last: an entry without it is never used
 
+An entry may have a second name: `<cache_dir>/<other key>.alias` holds an entry's key (`add_alias`). The pretraining
+cache names an entry built with a tokenizer trained on the corpus also by that tokenizer's content, so a later run
+that loads the saved tokenizer instead of training it finds the same entry (`training.cached_corpus`).
+
 Why a flat file: `np.memmap` pages in only the windows a batch reads, and the page cache is shared by all processes
 on a machine, so a corpus of any size costs each process a few MB of resident memory (ordered streams and the
 permutation-LM rows read windows by index; nothing is loaded up front).
@@ -121,7 +125,7 @@ def get_or_build(cache_dir: str | Path, identity: dict, build) -> TokenCache:
     runs and kills (module docstring)."""
     cache_dir = Path(cache_dir).expanduser()
     final = cache_dir / cache_key(identity)
-    cache = open_cache(final)
+    cache = open_cache(final) or _aliased(cache_dir, final.name)
     if cache is not None:
         return cache
     with _locked(cache_dir / f"{final.name}.lock"):
@@ -150,6 +154,31 @@ def get_or_build(cache_dir: str | Path, identity: dict, build) -> TokenCache:
     if cache is None:
         raise OSError(f"token cache {final} was written but does not read back complete; expected a writable "
                       "local folder for --token_cache_dir")
+    return cache
+
+
+def add_alias(cache_dir: str | Path, identity: dict, entry: Path) -> None:
+    """Name `entry` (a complete entry in `cache_dir`) also by `identity`: `<key>.alias` holding the entry's key,
+    written to a temporary name and renamed (a reader sees no alias or a whole one). An existing entry or alias of
+    that key is left as it is."""
+    cache_dir = Path(cache_dir)
+    key = cache_key(identity)
+    if key == entry.name or (cache_dir / key).exists() or (cache_dir / f"{key}.alias").exists():
+        return
+    temporary = cache_dir / f"{key}.alias.{os.getpid()}"
+    temporary.write_text(entry.name + "\n")
+    os.replace(temporary, cache_dir / f"{key}.alias")
+
+
+def _aliased(cache_dir: Path, key: str) -> TokenCache | None:
+    """The complete entry `<key>.alias` names, if any."""
+    alias = cache_dir / f"{key}.alias"
+    if not alias.is_file():
+        return None
+    target = alias.read_text().strip()
+    cache = open_cache(cache_dir / target) if target and "/" not in target else None
+    if cache is not None:
+        logger.info("token cache: %s is the entry %s (the same corpus and tokenizer content)", key, target)
     return cache
 
 

@@ -76,6 +76,9 @@ class FinetuneArguments(CommonArguments):
     summary_type: str | None = field(default=None, metadata={"help": "pooling: last, first or mean real token"})
     long_document: bool = field(default=False, metadata={"help": "read whole documents segment by segment with "
                                                                 "memory (forward_long) instead of truncating"})
+    detach_memory: bool = field(default=False, metadata={"help": "with --long_document: the paper's detached memory "
+                                "(only the last segment trained; less memory, but evidence in earlier segments is "
+                                "not learned) instead of the gradient through every segment"})
 
 
 def validate_common(args: CommonArguments, results_file: str = RESULTS_FILE) -> None:
@@ -122,6 +125,9 @@ def validate(args: FinetuneArguments) -> None:
         raise ValueError(f"threshold={args.threshold!r} is invalid; expected a probability strictly between 0 and 1")
     if not args.label_delimiter:
         raise ValueError("label_delimiter='' is invalid; expected a non-empty separator such as ','")
+    if args.detach_memory and not args.long_document:
+        raise ValueError("detach_memory=True without long_document=True; expected it only with --long_document (it "
+                         "says how the memory between a document's segments is trained)")
     if args.long_document and args.text_pair_column is not None:
         raise ValueError(f"long_document=True and text_pair_column={args.text_pair_column!r} are both set; expected "
                          "one (a long document is read as one text, segment by segment)")

@@ -90,8 +90,12 @@ class Job(ABC):
 
 
 def model_inputs(batch: dict, args) -> dict:
-    """The batch as the model's keyword arguments (`segment_len` reads long documents with memory)."""
-    return {**batch, "segment_len": args.max_length} if getattr(args, "long_document", False) else batch
+    """The batch as the model's keyword arguments (`segment_len` reads long documents with memory; a classifier's
+    memory keeps its gradient unless `detach_memory`)."""
+    if not getattr(args, "long_document", False):
+        return batch
+    return {**batch, "segment_len": args.max_length, **({"detach_memory": True} if getattr(args, "detach_memory", False)
+                                                        else {})}
 
 
 def load_head(model_class, args, fields: dict):

@@ -66,7 +66,8 @@ class PretrainArguments:
     tokenizer_type: str = field(default="word", metadata={"help": "tokenizer trained when none is given: word (WT103's, perplexities comparable to the papers), unigram (XLNet's subwords: any text the corpus's characters spell has no <unk>), char or byte"})
     tokenizer_vocab_size: int | None = field(default=None, metadata={"help": "symbols of a trained word-level or unigram tokenizer, special tokens included (default: the preset's vocab_size; fewer when the corpus has fewer words)"})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "processes for tokenization"})
-    token_cache_dir: str | None = field(default=None, metadata={"help": "tokenize the corpus once into this folder (a flat token file per split, memory-mapped by every process and every later run with the same corpus and tokenizer): for corpora larger than memory"})
+    token_cache: bool | None = field(default=None, metadata={"help": "tokenize the corpus once into the token cache (a flat token file per split, memory-mapped by every process and every later run with the same corpus and tokenizer content; default: on for local files, --train_file or a local --dataset_name folder, unless --streaming); false: read the corpus into memory"})
+    token_cache_dir: str | None = field(default=None, metadata={"help": "the token cache's folder (default: $MODELING_XL_CACHE/token_cache, else $XDG_CACHE_HOME or ~/.cache, /modeling_xl/token_cache); giving it turns the cache on"})
     streaming: bool = field(default=False, metadata={"help": "clm: read the training split with datasets streaming, tokenized on the fly, never stored (see docs/data.md for its costs)"})
     num_train_tokens: int | None = field(default=None, metadata={"help": "streaming: the training split's token count (skips the counting pass)"})
     char_level: bool | None = field(default=None, metadata={"help": "report bits per character (default: True for char/byte tokenizers)"})
@@ -273,6 +274,7 @@ def resolve(args: PretrainArguments, explicit: set[str] = frozenset()) -> Pretra
         values["eval_steps"] = max(1, values["max_train_steps"] // 5)
     if values["dataset_name"] is None and values["train_file"] is None:
         values["dataset_name"] = "builtin"
+    values["token_cache_dir"] = resolve_token_cache_dir(values)
     resolved = PretrainArguments(**values)
     validate(resolved)
     return resolved
@@ -329,6 +331,34 @@ def validate(args: PretrainArguments) -> None:
         check_model_source(name, getattr(args, name))
     if args.push_to_hub and args.hub_model_id is not None and args.hub_model_id.count("/") > 1:
         raise ValueError(f"hub_model_id={args.hub_model_id!r} is invalid; expected 'name' or 'user/name'")
+
+
+def default_token_cache_dir() -> str:
+    """$MODELING_XL_CACHE/token_cache, else $XDG_CACHE_HOME/modeling_xl/token_cache, else
+    ~/.cache/modeling_xl/token_cache."""
+    root = os.environ.get("MODELING_XL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "modeling_xl")
+    return os.path.join(root, "token_cache")
+
+
+def resolve_token_cache_dir(values: dict) -> str | None:
+    """The token cache folder of a run, or None for the corpus in memory (or streamed). `--token_cache_dir` turns the
+    cache on; `--token_cache false` off (both: an error); otherwise it is on for local files (a `--train_file`, or a
+    `--dataset_name` that is a local folder) and for `--token_cache true`, off for the built-in corpus, a Hub dataset
+    and `--streaming`."""
+    wanted, folder = values["token_cache"], values["token_cache_dir"]
+    if wanted is False:
+        if folder is not None:
+            raise ValueError(f"token_cache=False and token_cache_dir={folder!r} are both set; expected one (the folder "
+                             "turns the cache on)")
+        return None
+    if folder is not None:
+        return folder
+    if wanted is True:
+        return default_token_cache_dir()
+    dataset = values["dataset_name"]
+    local = values["train_file"] is not None or (dataset not in (None, "builtin") and os.path.isdir(dataset))
+    return default_token_cache_dir() if local and not values["streaming"] else None
 
 
 def check_data_source(args: PretrainArguments) -> None:

@@ -1,22 +1,27 @@
-"""`--token_cache_dir`: the corpus tokenized once into a `modeling_xl.data.token_cache` entry, then memory-mapped.
+"""The token cache of pretraining: the corpus tokenized once into a `modeling_xl.data.token_cache` entry, then
+memory-mapped. On by default for local files (`arguments.resolve_token_cache_dir`; `--token_cache false` turns it off).
 
 The entry's key hashes what decides the token ids: the corpus files (path, size, modification time; a Hub name and
-config; or the built-in corpus's Python version), the tokenizer (the saved tokenizer's files, or the settings of the
-one trained here), the objective (plm adds <sep> and <cls>), the text column and the validation hold-out. A run whose
-entry exists opens it without loading the corpus or training a tokenizer, so it reaches its first step in seconds;
-editing a corpus file (new size or modification time) makes a new entry.
+config; or the built-in corpus's Python version), the tokenizer (the content of a saved one: what its tokenizer.json
+says about normalizing, splitting, the vocabulary and the special tokens, wherever the folder is; or the settings of
+one trained here), the objective (plm adds <sep> and <cls>), the text column and the validation hold-out. An entry
+built with a tokenizer trained here is also named by that tokenizer's content (`token_cache.add_alias`), so a rerun
+that loads the first run's saved tokenizer (`--tokenizer_name <first output_dir>`) finds it too. A run whose entry
+exists opens it without loading the corpus or training a tokenizer, so it reaches its first step in seconds; editing
+a corpus file (new size or modification time) makes a new entry.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import sys
 import time
 from pathlib import Path
 
-from ..data.token_cache import TokenCache, get_or_build, token_dtype, write_split_tokens
+from ..data.token_cache import TokenCache, add_alias, get_or_build, token_dtype, write_split_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -53,16 +58,38 @@ def tokenizer_identity(args) -> dict:
     folder = Path(saved)
     if not folder.is_dir():
         return {"saved": saved}
+    content = tokenizer_content(folder)
+    if content is not None:
+        return {"content": content}
     digest = hashlib.sha256()
     for file in sorted(folder.glob("*token*.json")):  # tokenizer.json, tokenizer_config.json, special_tokens_map.json
         digest.update(file.name.encode() + file.read_bytes())
     return {"saved": str(folder.resolve()), "sha256": digest.hexdigest()}
 
 
-def cache_identity(args) -> dict:
+# what in a tokenizer.json decides the ids of a text (padding and truncation settings, the decoder do not)
+_ENCODING_PARTS = ("normalizer", "pre_tokenizer", "model", "post_processor", "added_tokens")
+
+
+def tokenizer_content(folder: Path) -> str | None:
+    """SHA-256 of the parts of `folder/tokenizer.json` that decide the ids (`_ENCODING_PARTS`), or None without a
+    readable tokenizer.json. The same for a tokenizer trained here and for its copy saved in a run's output folder
+    (with `<eos>` declared as pad / sep / cls, which adds no symbol)."""
+    path = Path(folder) / "tokenizer.json"
+    try:
+        parts = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(parts, dict):
+        return None
+    chosen = {name: parts.get(name) for name in _ENCODING_PARTS}
+    return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()
+
+
+def cache_identity(args, tokenizer: dict | None = None) -> dict:
     from .corpus import VALIDATION_FRACTION
 
-    return {"corpus": corpus_identity(args), "tokenizer": tokenizer_identity(args),
+    return {"corpus": corpus_identity(args), "tokenizer": tokenizer or tokenizer_identity(args),
             "plm_tokens": args.objective == "plm", "validation_fraction": VALIDATION_FRACTION}
 
 
@@ -80,8 +107,13 @@ def cached_tokens(args) -> TokenCache:
                 return built
         return build_through_datasets(args, folder)
 
-    cache = get_or_build(args.token_cache_dir, cache_identity(args), build)
-    logger.info("token cache %s: %s tokens (%s)", cache.path,
+    identity = cache_identity(args)
+    cache = get_or_build(args.token_cache_dir, identity, build)
+    if "trained" in identity["tokenizer"]:  # a rerun loading this tokenizer from a saved folder finds the entry too
+        content = tokenizer_content(cache.path / "tokenizer")
+        if content is not None:
+            add_alias(args.token_cache_dir, cache_identity(args, {"content": content}), cache.path)
+    logger.info("token cache %s: %s tokens (%s); --token_cache false reads the corpus into memory instead", cache.path,
                 ", ".join(f"{split} {count:,}" for split, count in cache.splits.items()), cache.meta["dtype"])
     return cache
 
