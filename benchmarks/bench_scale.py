@@ -285,9 +285,11 @@ def bench_main_command(size: float, work: Path, args) -> dict:
     shutil.rmtree(user_cache, ignore_errors=True)
     env = {**environment(work), "MODELING_XL_CACHE": str(user_cache)}
     first, again = work / "main-first", work / "main-again"
+    shutil.rmtree(first, ignore_errors=True)
     runs = {}
     for name, out, extra in (("first run", first, ()), ("same command again", again, ()),
                              ("--tokenizer_name <first run>", work / "main-saved", ("--tokenizer_name", str(first)))):
+        shutil.rmtree(out, ignore_errors=True)  # an earlier size's log would read as this run's first step
         runs[name] = train(main_command(corpus, out, args.steps, *extra), out, work, env=env, sample=every_descendant)
     entries = [p.name for p in (user_cache / "token_cache").iterdir() if (p / "COMPLETE").is_file()]
     return {"size_gb": size, "bytes": (corpus / "train.txt").stat().st_size, "main_command": runs,
