@@ -10,7 +10,8 @@ from pathlib import Path
 from ..runs import check_model_source, choice, positive_int
 
 RESULTS_FILE = "classification_results.json"
-# the results file of every fine-tuning task: a folder holding any of them holds an earlier run (`checkpoints.earlier_run`)
+# the results file of every fine-tuning task: a folder holding any of them holds an earlier run
+# (`checkpoints.earlier_run`)
 TASK_RESULTS_FILES = {"classification": RESULTS_FILE, "question-answering": "qa_results.json",
                       "token-classification": "token_classification_results.json",
                       "multiple-choice": "multiple_choice_results.json"}

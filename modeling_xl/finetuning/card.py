@@ -74,6 +74,13 @@ def _shown(value) -> str:
 TASK_TEMPLATE = TEMPLATE.with_name("fine_tuned_task.md")
 
 
+def usage_code(auto_class: str, *lines: str) -> str:
+    """The card's code: load the folder with `auto_class` and its tokenizer, then `lines` (MODEL: the folder)."""
+    return "\n".join([f"from transformers import {auto_class}, AutoTokenizer", "",
+                      f'model = {auto_class}.from_pretrained("MODEL", trust_remote_code=True)',
+                      'tokenizer = AutoTokenizer.from_pretrained("MODEL")', *lines])
+
+
 def task_card(job, results: dict, baseline: dict | None, config, *, what: str, unit: str, task_type: str,
               usage: str, model_text: str):
     """The model card of a question-answering, token-classification or multiple-choice run

@@ -9,7 +9,7 @@ checking its rows, tokenization and collate, the head, the dev metrics, and the 
 |---|---|---|---|
 | `classification.ClassificationJob` | finetune_classification.py | sequence classification | per problem type |
 | `question_answering.QuestionAnsweringJob` | finetune_question_answering.py | start/end logits | SQuAD v1.1 EM / F1 |
-| `token_classification.TokenClassificationJob` | finetune_token_classification.py | a tag per token | accuracy, entity P/R/F1 |
+| `token_classification.TokenClassificationJob` | finetune_token_classification.py | a tag per token | entity F1 |
 | `multiple_choice.MultipleChoiceJob` | finetune_multiple_choice.py | a score per choice | accuracy |
 """
 

@@ -5,7 +5,8 @@ Hub's ARC layout {"text": [...], "label": [keys]}) and the label: the right choi
 digit string or letter ("A" the first), read in the order `label_index` gives. An optional context
 (`--context_column`, RACE's passage) is read first: `context <sep> question choice <sep>`, only the passage cut when
 the pair exceeds `max_length`. Without a context each choice is read as a pair `question <sep> choice <sep>` (the
-longer of the two cut first when the pair exceeds `max_length`) and scored from its last token; a batch holds [B, C, L] with
+longer of the two cut first when the pair exceeds `max_length`) and scored from its last token; a batch holds
+[B, C, L] with
 left padding, and a question with fewer choices than the batch's most has all-zero attention rows for the rest,
 which the head never reads and scores with the dtype's minimum (`TransformerXLForMultipleChoice`).
 """
@@ -84,7 +85,8 @@ class MultipleChoiceJob(Job):
                 if column not in data.column_names:
                     raise ValueError(f"{name}={column!r} is not a column of the {split} split; expected one of "
                                      f"{data.column_names}")
-            keyed = isinstance(data.features[args.choices_column], dict)  # ARC on the Hub: {"text": [...], "label": [...]}
+            # ARC on the Hub: {"text": [...], "label": [...]}
+            keyed = isinstance(data.features[args.choices_column], dict)
             targets, counts = [], {}
             for row, example in enumerate(data.select_columns([c for _, c in names])):
                 where = row_namer(args, args.question_column)(split, row + 1)
@@ -140,7 +142,8 @@ class MultipleChoiceJob(Job):
 
         out = []
         for split in ("train", "validation"):
-            out.append(raw[split].map(encode, batched=True, with_indices=True, fn_kwargs={"targets": self.targets[split]},
+            out.append(raw[split].map(encode, batched=True, with_indices=True,
+                                      fn_kwargs={"targets": self.targets[split]},
                                       remove_columns=raw[split].column_names, desc=f"Tokenizing the {split} split"))
         return tuple(out)
 
@@ -186,18 +189,17 @@ class MultipleChoiceJob(Job):
         return {"task": "multiple-choice", "choices_per_question": self.choice_counts}
 
     def card(self, results, baseline, config):
-        from .card import task_card
+        from .card import task_card, usage_code
 
         counts = self.choice_counts.get("train", {})
         return task_card(
             self, results, baseline, config, what="multiple-choice model", unit="questions",
             task_type="multiple-choice",
-            usage=("from transformers import AutoModelForMultipleChoice, AutoTokenizer\n\n"
-                   "model = AutoModelForMultipleChoice.from_pretrained(\"MODEL\", trust_remote_code=True)\n"
-                   "tokenizer = AutoTokenizer.from_pretrained(\"MODEL\")\n"
-                   "choices = [\"a choice\", \"another choice\", \"a third\"]\n"
-                   "inputs = tokenizer([question] * len(choices), choices, padding=True, return_tensors=\"pt\")\n"
-                   "scores = model(**{k: v.unsqueeze(0) for k, v in inputs.items()}).logits  # [1, choices]"),
+            usage=usage_code("AutoModelForMultipleChoice",
+                             "choices = [\"a choice\", \"another choice\", \"a third\"]",
+                             "inputs = tokenizer([question] * len(choices), choices, padding=True, "
+                             "return_tensors=\"pt\")",
+                             "scores = model(**{k: v.unsqueeze(0) for k, v in inputs.items()}).logits  # [1, choices]"),
             model_text=("`TransformerXLForMultipleChoice`: each (question, choice) pair is read as "
                         "`question <sep> choice <sep>` and scored from its last token; the highest score wins. "
                         f"Training questions had {', '.join(f'{n} choices ({k})' for n, k in counts.items())}; "

@@ -109,21 +109,22 @@ class QuestionAnsweringJob(Job):
             for column in (args.question_column, args.context_column):
                 text = example[column]
                 if not isinstance(text, str) or not text.strip():
-                    raise ValueError(f"{row_namer(self.args, column)(split, row + 1)}: {text!r} is empty; expected a non-empty text")
+                    where = row_namer(self.args, column)(split, row + 1)
+                    raise ValueError(f"{where}: {text!r} is empty; expected a non-empty text")
             answers, context = example[args.answer_column], example[args.context_column]
+            where = row_namer(args, args.answer_column)(split, row + 1)
             shape = "expected {'text': [...], 'answer_start': [...]} with one start per text and at least one answer"
             if (not isinstance(answers, dict) or not isinstance(answers.get("text"), list)
                     or not isinstance(answers.get("answer_start"), list)
                     or len(answers["text"]) != len(answers["answer_start"]) or not answers["text"]):
-                raise ValueError(f"{row_namer(args, args.answer_column)(split, row + 1)}: {answers!r}; {shape} (SQuAD v1.1 "
-                                 "has no unanswerable questions)")
+                raise ValueError(f"{where}: {answers!r}; {shape} (SQuAD v1.1 has no unanswerable questions)")
             for text, start in zip(answers["text"], answers["answer_start"]):
                 found = context[start:start + len(text)] if isinstance(start, int) and start >= 0 else None
                 if not text or found != text:
                     elsewhere = context.find(text) if text else -1
                     hint = (f"; the text occurs at character {elsewhere}" if elsewhere >= 0 else
                             "; the text does not occur in the context")
-                    raise ValueError(f"{row_namer(args, args.answer_column)(split, row + 1)}: answer {text!r} is not at "
+                    raise ValueError(f"{where}: answer {text!r} is not at "
                                      f"answer_start={start!r} of its context (found {found!r}{hint}); expected each "
                                      "answer text at its start character in the context")
 
@@ -156,10 +157,12 @@ class QuestionAnsweringJob(Job):
         def encode(batch, indices):
             questions = [q.lstrip() for q in batch[args.question_column]]
             contexts = batch[args.context_column]
-            for row, n in zip(indices, (len(ids) for ids in tokenizer(questions, add_special_tokens=False)["input_ids"])):
+            lengths = [len(ids) for ids in tokenizer(questions, add_special_tokens=False)["input_ids"]]
+            for row, n in zip(indices, lengths):
                 room = args.max_length - n - specials
                 if room <= args.doc_stride:
-                    raise ValueError(f"{row_namer(args, args.question_column)(split, row + 1)}: the question is {n} tokens, "
+                    where = row_namer(args, args.question_column)(split, row + 1)
+                    raise ValueError(f"{where}: the question is {n} tokens, "
                                      f"leaving {room} of max_length={args.max_length} for the context; expected more "
                                      f"than doc_stride={args.doc_stride} (raise max_length or lower doc_stride)")
             first, second = (questions, contexts) if q_first else (contexts, questions)
@@ -281,18 +284,16 @@ class QuestionAnsweringJob(Job):
                 "train_windows_without_answer": self.train_windows_without_answer, "predictions": self.predictions}
 
     def card(self, results, baseline, config):
-        from .card import task_card
+        from .card import task_card, usage_code
 
         layout = ("question <sep> context <sep>" if self.question_first else "context <sep> question <sep> <cls>")
         return task_card(
             self, results, baseline, config, what="extractive question-answering model", unit="questions",
             task_type="question-answering",
-            usage=("from transformers import AutoModelForQuestionAnswering, AutoTokenizer\n\n"
-                   "model = AutoModelForQuestionAnswering.from_pretrained(\"MODEL\", trust_remote_code=True)\n"
-                   "tokenizer = AutoTokenizer.from_pretrained(\"MODEL\")\n"
-                   + ("inputs = tokenizer(question, context, return_tensors=\"pt\")\n" if self.question_first else
-                      "inputs = tokenizer(context, question, return_tensors=\"pt\")\n")
-                   + "out = model(**inputs)  # start_logits, end_logits: the answer's first and last token"),
+            usage=usage_code("AutoModelForQuestionAnswering",
+                             "inputs = tokenizer(question, context, return_tensors=\"pt\")" if self.question_first
+                             else "inputs = tokenizer(context, question, return_tensors=\"pt\")",
+                             "out = model(**inputs)  # start_logits, end_logits: the answer's first and last token"),
             model_text=(f"`TransformerXLForQuestionAnsweringSimple`: a start and an end logit per token. Inputs are "
                         f"laid out `{layout}`; contexts longer than a window are read in windows of "
                         f"{self.args.max_length} tokens overlapping by {self.args.doc_stride}, and the answer is the "

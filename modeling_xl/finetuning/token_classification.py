@@ -247,7 +247,7 @@ class TokenClassificationJob(Job):
                 "entity_metrics": self.entities}
 
     def card(self, results, baseline, config):
-        from .card import task_card
+        from .card import task_card, usage_code
 
         reading = (f"whole documents tagged {self.args.max_length} tokens at a time with the memory carried across "
                    f"segments: call `model(input_ids, attention_mask=..., segment_len={self.args.max_length})`"
@@ -256,11 +256,10 @@ class TokenClassificationJob(Job):
         return task_card(
             self, results, baseline, config, what="token classifier", unit="sentences",
             task_type="token-classification",
-            usage=("from transformers import AutoModelForTokenClassification, AutoTokenizer\n\n"
-                   "model = AutoModelForTokenClassification.from_pretrained(\"MODEL\", trust_remote_code=True)\n"
-                   "tokenizer = AutoTokenizer.from_pretrained(\"MODEL\")\n"
-                   "inputs = tokenizer([\"A\", \"sentence\", \".\"], is_split_into_words=True, return_tensors=\"pt\")\n"
-                   "tags = [model.config.id2label[int(i)] for i in model(**inputs).logits.argmax(-1)[0]]"),
+            usage=usage_code("AutoModelForTokenClassification",
+                             "inputs = tokenizer([\"A\", \"sentence\", \".\"], is_split_into_words=True, "
+                             "return_tensors=\"pt\")",
+                             "tags = [model.config.id2label[int(i)] for i in model(**inputs).logits.argmax(-1)[0]]"),
             model_text=(f"`TransformerXLForTokenClassification`: a tag per token ({len(self.names)} tags: "
                         f"{', '.join(self.names[:20])}{' ...' if len(self.names) > 20 else ''}); a word's tag is "
                         f"its first sub-token's. Fine-tuned and evaluated on {reading}."))
