@@ -75,7 +75,8 @@ def memory_gradient():
     """Inside, `update_memory` keeps the memory's graph: the gradient of a later segment's loss reaches the earlier
     segments that wrote its memory (backpropagation through every segment read). For one label per long document
     (`TransformerXLForSequenceClassification.forward_long`), where no earlier segment has a loss of its own; the
-    activations of every segment are then kept until backward."""
+    activations of every segment are then kept until backward. Not read inside `torch.compile`d code (which keeps
+    the memory detached), as `kernels.reference_only` is not."""
     token = _MEMORY_GRADIENT.set(True)
     try:
         yield
@@ -102,8 +103,8 @@ def update_memory(mems, hiddens, mem_len: int):
             return h[:, -mem_len:].clone()
         return torch.cat([m[:, -from_mem:], h], dim=1)
 
-    if _MEMORY_GRADIENT.get():
-        return tuple(new_memory(m, h) for m, h in zip(mems, hiddens))
+    if not torch.compiler.is_compiling() and _MEMORY_GRADIENT.get():  # compiled code: detached (dynamo cannot
+        return tuple(new_memory(m, h) for m, h in zip(mems, hiddens))  # read a ContextVar; compiled steps are LM steps)
     with torch.no_grad():
         return tuple(new_memory(m, h) for m, h in zip(mems, hiddens))
 
