@@ -1,11 +1,10 @@
-"""Fine-tuning library behind `scripts/finetune_classification.py`: arguments -> data (labels, pairs, collate) ->
-task (loss, predictions, metrics per problem type) -> loop -> checkpoints -> model card.
+"""Fine-tuning library behind `scripts/finetune_*.py`: one loop (`loop.run_job`) drives a `job.Job` per task.
 
-- `arguments`: `FinetuneArguments` and their checks;
-- `labels`, `data`: the label space and every row checked (file, row, column), tokenization, left-padding collate;
-- `tasks`: `SingleLabelTask`, `MultiLabelTask`, `RegressionTask` (transformers' `problem_type`s);
-- `builtin_task`: the offline eight-topic task (`--dataset_name builtin` / `builtin-long`);
-- `loop`: `run_finetuning`; `checkpoints`: `checkpoint-N/` and their exact resume; `card`: saved folder and card.
+- `arguments`: `CommonArguments` (every task), `FinetuneArguments` (classification) and their checks;
+- `loop`: `run_job` / `run_finetuning`; `checkpoints`: `checkpoint-N/` and their exact resume; `card`: saved folder
+  and model cards; `command`: every script's `main`; `coverage`: the `<unk>` check;
+- jobs: `classification` (with `labels`, `data`, `tasks`: the label space, rows, problem types; `builtin_task`: the
+  offline eight-topic task), `question_answering`, `token_classification`, `multiple_choice`.
 """
 
 from .arguments import FinetuneArguments
