@@ -195,24 +195,27 @@ def tokenize_split(data: datasets.Dataset, targets: list, tokenizer, args: Finet
     return data.map(encode, batched=True, with_indices=True, remove_columns=data.column_names, desc="Tokenizing")
 
 
+def padded(rows: list[list[int]], value: int, left: bool = False, width: int | None = None) -> torch.Tensor:
+    """Rows of ids as one LongTensor [len(rows), width] (default: the longest row), filled with `value` on the right,
+    or on the left with `left`; an empty row is all `value`."""
+    width = max(len(r) for r in rows) if width is None else width
+    out = torch.full((len(rows), width), value, dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            (out[i, width - len(row):] if left else out[i, :len(row)]).copy_(torch.tensor(row))
+    return out
+
+
 def left_pad_collate(pad_id: int, label_dtype: torch.dtype = torch.long):
     """Batch of {"input_ids", "labels"[, "token_type_ids"]} -> left-padded input_ids [B, T], attention_mask [B, T],
     token_type_ids [B, T] (when given), labels [B] (class ids or numbers) or [B, C] (multi-label 0/1)."""
     def collate(examples):
-        width = max(len(e["input_ids"]) for e in examples)
-        ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-        mask = torch.zeros(len(examples), width, dtype=torch.long)
-        types = torch.zeros(len(examples), width, dtype=torch.long) if "token_type_ids" in examples[0] else None
-        for row, example in enumerate(examples):
-            n = len(example["input_ids"])
-            ids[row, width - n:] = torch.tensor(example["input_ids"])
-            mask[row, width - n:] = 1
-            if types is not None:
-                types[row, width - n:] = torch.tensor(example["token_type_ids"])
-        batch = {"input_ids": ids, "attention_mask": mask,
+        ids = [e["input_ids"] for e in examples]
+        batch = {"input_ids": padded(ids, pad_id, left=True), "attention_mask": padded([[1] * len(r) for r in ids], 0,
+                                                                                       left=True),
                  "labels": torch.tensor([e["labels"] for e in examples], dtype=label_dtype)}
-        if types is not None:
-            batch["token_type_ids"] = types
+        if "token_type_ids" in examples[0]:
+            batch["token_type_ids"] = padded([e["token_type_ids"] for e in examples], 0, left=True)
         return batch
 
     return collate

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .arguments import TASK_RESULTS_FILES, CommonArguments, validate_task
 from .coverage import SAMPLE_TEXTS
-from .data import load_raw_datasets, row_namer
+from .data import load_raw_datasets, padded, row_namer
 from .job import Job, gather_padded, load_head
 
 RESULTS_FILE = TASK_RESULTS_FILES["multiple-choice"]
@@ -152,17 +152,14 @@ class MultipleChoiceJob(Job):
         def collate(examples):
             choices = max(len(e["input_ids"]) for e in examples)
             width = max(len(ids) for e in examples for ids in e["input_ids"])
+            rows = [e["input_ids"][c] if c < len(e["input_ids"]) else [] for e in examples for c in range(choices)]
             shape = (len(examples), choices, width)
-            batch = {"input_ids": torch.full(shape, pad_id, dtype=torch.long),
-                     "attention_mask": torch.zeros(shape, dtype=torch.long)}
+            batch = {"input_ids": padded(rows, pad_id, left=True, width=width).view(shape),
+                     "attention_mask": padded([[1] * len(r) for r in rows], 0, left=True, width=width).view(shape)}
             if "token_type_ids" in examples[0]:
-                batch["token_type_ids"] = torch.zeros(shape, dtype=torch.long)
-            for row, e in enumerate(examples):
-                for c, ids in enumerate(e["input_ids"]):
-                    batch["input_ids"][row, c, width - len(ids):] = torch.tensor(ids)
-                    batch["attention_mask"][row, c, width - len(ids):] = 1
-                    if "token_type_ids" in batch:
-                        batch["token_type_ids"][row, c, width - len(ids):] = torch.tensor(e["token_type_ids"][c])
+                types = [e["token_type_ids"][c] if c < len(e["token_type_ids"]) else [] for e in examples
+                         for c in range(choices)]
+                batch["token_type_ids"] = padded(types, 0, left=True, width=width).view(shape)
             batch["labels"] = torch.tensor([e["labels"] for e in examples], dtype=torch.long)
             return batch
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ..runs import positive_int
 from .arguments import TASK_RESULTS_FILES, CommonArguments, validate_task
 from .coverage import SAMPLE_TEXTS
-from .data import load_raw_datasets, row_namer
+from .data import load_raw_datasets, padded, row_namer
 from .job import Job, gather_padded, load_head, pad_width
 
 RESULTS_FILE = TASK_RESULTS_FILES["question-answering"]
@@ -205,17 +205,10 @@ class QuestionAnsweringJob(Job):
         """Right padding (start and end positions count from the first token): input_ids, attention_mask,
         token_type_ids (when kept), start_positions, end_positions."""
         def collate(examples):
-            width = max(len(e["input_ids"]) for e in examples)
-            batch = {"input_ids": torch.full((len(examples), width), pad_id, dtype=torch.long),
-                     "attention_mask": torch.zeros(len(examples), width, dtype=torch.long)}
+            ids = [e["input_ids"] for e in examples]
+            batch = {"input_ids": padded(ids, pad_id), "attention_mask": padded([[1] * len(r) for r in ids], 0)}
             if "token_type_ids" in examples[0]:
-                batch["token_type_ids"] = torch.zeros(len(examples), width, dtype=torch.long)
-            for row, e in enumerate(examples):
-                n = len(e["input_ids"])
-                batch["input_ids"][row, :n] = torch.tensor(e["input_ids"])
-                batch["attention_mask"][row, :n] = 1
-                if "token_type_ids" in batch:
-                    batch["token_type_ids"][row, :n] = torch.tensor(e["token_type_ids"])
+                batch["token_type_ids"] = padded([e["token_type_ids"] for e in examples], 0)
             for key in ("start_positions", "end_positions"):
                 batch[key] = torch.tensor([e[key] for e in examples], dtype=torch.long)
             return batch

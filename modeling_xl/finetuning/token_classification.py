@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from .arguments import TASK_RESULTS_FILES, CommonArguments, validate_task
 from .coverage import SAMPLE_TEXTS
-from .data import load_raw_datasets, row_namer
+from .data import load_raw_datasets, padded, row_namer
 from .job import Job, gather_padded, load_head, model_inputs, pad_width
 
 logger = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ class TokenClassificationJob(Job):
         self.entities = False
         self.dev_tags: list[list[str]] = []
         self.dev_words: list[list[int]] = []
+        self.class_names: list[str] | None = None  # a ClassLabel tag column's names (its values are ids)
 
     @property
     def card_metrics(self):
@@ -122,7 +123,7 @@ class TokenClassificationJob(Job):
                                  f"expected --label_column naming one of {columns}")
             self.label_column = found[0]
         feature = raw["train"].features.get(self.label_column)
-        class_names = getattr(getattr(feature, "feature", None), "names", None)
+        self.class_names = class_names = getattr(getattr(feature, "feature", None), "names", None)
         seen = []
         for split, data in raw.items():
             for name, column in (("tokens_column", args.tokens_column), ("label_column", self.label_column)):
@@ -159,9 +160,7 @@ class TokenClassificationJob(Job):
 
     def tokenize(self, raw, tokenizer, config):
         ids = {name: i for i, name in enumerate(self.names)}
-        feature = raw["train"].features.get(self.label_column)
-        class_names = getattr(getattr(feature, "feature", None), "names", None)
-        args = self.args
+        class_names, args = self.class_names, self.args
 
         def encode(batch):
             encoded = tokenizer(batch[args.tokens_column], is_split_into_words=True)
@@ -191,16 +190,9 @@ class TokenClassificationJob(Job):
         """Right padding (the memory of a long document runs left to right): input_ids, attention_mask, labels
         (-100 on padding)."""
         def collate(examples):
-            width = max(len(e["input_ids"]) for e in examples)
-            batch = {"input_ids": torch.full((len(examples), width), pad_id, dtype=torch.long),
-                     "attention_mask": torch.zeros(len(examples), width, dtype=torch.long),
-                     "labels": torch.full((len(examples), width), -100, dtype=torch.long)}
-            for row, e in enumerate(examples):
-                n = len(e["input_ids"])
-                batch["input_ids"][row, :n] = torch.tensor(e["input_ids"])
-                batch["attention_mask"][row, :n] = 1
-                batch["labels"][row, :n] = torch.tensor(e["labels"])
-            return batch
+            ids = [e["input_ids"] for e in examples]
+            return {"input_ids": padded(ids, pad_id), "attention_mask": padded([[1] * len(r) for r in ids], 0),
+                    "labels": padded([e["labels"] for e in examples], -100)}
 
         return collate
 
