@@ -298,7 +298,7 @@ def test_run_with_push_to_hub_uploads_the_final_folder(tmp_path):
     with mock.patch.object(hf_api.HfApi, "create_repo", return_value=None), \
             mock.patch.object(hf_api.HfApi, "create_commit", fake_commit), \
             mock.patch.object(hf_api.HfApi, "_validate_yaml", return_value=None), \
-            mock.patch.object(hf_api, "is_xet_available", return_value=False):
+            mock.patch.object(hf_api, "is_xet_available", return_value=False, create=True):
         results = run_pretraining(debug_args(out, "--checkpointing_steps", "6", "--push_to_hub", "--hub_model_id",
                                              "someone/tiny-xl", "--hub_token", "hf_fake", "--with_tracking"), builder)
     local = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())

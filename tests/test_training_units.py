@@ -272,7 +272,7 @@ def test_push_to_hub_uploads_exactly_the_final_folder(tmp_path):
     with mock.patch.object(hf_api.HfApi, "create_repo", return_value=None) as create_repo, \
             mock.patch.object(hf_api.HfApi, "create_commit", fake_commit), \
             mock.patch.object(hf_api.HfApi, "_validate_yaml", return_value=None), \
-            mock.patch.object(hf_api, "is_xet_available", return_value=False):
+            mock.patch.object(hf_api, "is_xet_available", return_value=False, create=True):
         url = push_folder(folder, "someone/tiny-xl", token="hf_fake")
     create_repo.assert_called_once()
     assert commits == [("someone/tiny-xl", ["README.md", "config.json", "model.safetensors", "runs/events.out"])]

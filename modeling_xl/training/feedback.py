@@ -37,12 +37,14 @@ class Progress:
 
 
 def tracker_names(report_to: str) -> list[str]:
-    """Trackers Accelerate should start: tensorboard, and trackio when it is installed."""
-    from accelerate.utils import is_tensorboard_available, is_trackio_available
+    """Trackers Accelerate should start: tensorboard, and trackio when it is installed (and Accelerate has its
+    tracker: 1.9 and later)."""
+    from accelerate import utils
 
     wanted = {"tensorboard", "trackio"} if report_to == "all" else ({report_to} - {"none"})
     names = []
-    for name, available in (("tensorboard", is_tensorboard_available()), ("trackio", is_trackio_available())):
+    trackio_available = getattr(utils, "is_trackio_available", lambda: False)()
+    for name, available in (("tensorboard", utils.is_tensorboard_available()), ("trackio", trackio_available)):
         if name in wanted:
             if not available and report_to != "all":
                 raise ValueError(f"report_to={report_to!r} but {name} is not installed; expected `pip install {name}`"
