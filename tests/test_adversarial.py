@@ -444,11 +444,13 @@ class _Stop(Exception):
 
 
 @pytest.mark.parametrize("steps", [400, 1500])
-def test_first_steps_of_the_tiny_preset_do_not_spike(tmp_path, monkeypatch, steps):
+def test_first_steps_of_the_tiny_preset_without_clipping_do_not_spike(tmp_path, monkeypatch, steps):
     """`--preset tiny --max_train_steps 400` (warmup scaled to 13 steps) climbed from 7.4 to 24.4 at steps 10-16, and
     the main command (1,500 steps) from 7.1 to 14.7 at steps 15-29, both with clipping at 0.25 (issue 20 item 13,
-    issue 23 item 3). The first 30 steps of the real run (builtin corpus, word tokenizer): the loss never rises more
-    than 1.0 above its lowest so far (step-to-step noise is up to 0.65), and ends below 7.6."""
+    issue 23 item 3). The recipe clips again (at 1.0: lower held-out perplexity on three corpora, issue 35 item 5,
+    docs/pretraining.md), and `--max_grad_norm 0` is the documented way to avoid the spike: the first 30 steps of the
+    real run (builtin corpus, word tokenizer) with it: the loss never rises more than 1.5 above its lowest so far
+    (step-to-step noise: up to 0.65 on torch 2.13, 1.22 on torch 2.9), and ends below 7.6."""
     from modeling_xl.training import loop
 
     step_fn, losses = loop.train_step, []
@@ -461,12 +463,12 @@ def test_first_steps_of_the_tiny_preset_do_not_spike(tmp_path, monkeypatch, step
 
     monkeypatch.setattr(loop, "train_step", counted)
     args = parse_args(["--preset", "tiny", "--max_train_steps", str(steps), "--output_dir", str(tmp_path / "run"),
-                       "--max_eval_segments", "2", "--disable_tqdm"])
+                       "--max_eval_segments", "2", "--disable_tqdm", "--max_grad_norm", "0"])
     with pytest.raises(_Stop):
         run_pretraining(args)
     lowest = [min(losses[: i + 1]) for i in range(len(losses))]
     rises = [loss - low for loss, low in zip(losses, lowest)]
-    assert max(rises) < 1.0, [round(x, 2) for x in losses]
+    assert max(rises) < 1.5, [round(x, 2) for x in losses]
     assert losses[-1] < 7.6, [round(x, 2) for x in losses]
 
 

@@ -41,6 +41,7 @@ def test_a_short_run_of_a_preset_scales_the_recipes_warmup():
     from modeling_xl.training.arguments import PretrainArguments, resolve
 
     assert parse_args(["--preset", "tiny"]).num_warmup_steps == 50  # the recipe's 1,500 steps
+    assert parse_args(["--preset", "tiny"]).max_grad_norm == 1.0  # chosen on held-out data (docs/pretraining.md)
     for steps in (5, 49, 50, 51, 750):
         assert parse_args(["--preset", "tiny", "--max_train_steps", str(steps)]).num_warmup_steps == 50 * steps // 1500
     assert parse_args(["--preset", "tiny", "--max_train_steps", "3000"]).num_warmup_steps == 50
