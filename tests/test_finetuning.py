@@ -95,7 +95,7 @@ def finetune_args(tmp_path, checkpoint, **overrides):
     dev = write_tsv(tmp_path / "dev.tsv", sentiment_rows(64, 2))
     values = dict(model_name_or_path=str(checkpoint), output_dir=str(tmp_path / "out"), train_file=str(train),
                   validation_file=str(dev), per_device_train_batch_size=16, learning_rate=3e-3, num_train_epochs=3,
-                  eval_steps=24, checkpointing_steps=40, disable_tqdm=True)
+                  num_warmup_steps=0, eval_steps=24, checkpointing_steps=40, disable_tqdm=True)
     return FinetuneArguments(**{**values, **overrides})
 
 
@@ -109,7 +109,8 @@ def load_script():
 def run_script(tmp_path, checkpoint, train, dev, *extra, output="out"):
     code = load_script().main(["--model_name_or_path", str(checkpoint), "--output_dir", str(tmp_path / output),
                                "--train_file", str(train), "--validation_file", str(dev), "--disable_tqdm",
-                               "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", *extra])
+                               "--per_device_train_batch_size", "16", "--learning_rate", "3e-3",
+                               "--num_warmup_steps", "0", *extra])
     assert code == 0
     return json.loads((tmp_path / output / "classification_results.json").read_text())
 
@@ -170,6 +171,52 @@ def test_text_pairs_with_the_word_level_layout(tmp_path, lm_checkpoint, one_thre
     results = run_script(tmp_path, lm_checkpoint, train, dev, "--text_column", "first", "--text_pair_column",
                          "second", "--num_train_epochs", "4")
     assert results["dev"]["accuracy"] > 0.85, results["dev"]
+
+
+def test_the_pair_summary_reads_both_texts_and_the_bidirectional_one_the_segment_ids(tmp_path, lm_checkpoint):
+    """Cross-encoding: the summary position the classifier pools has read both texts of a pair (a word changed in
+    either text changes the logits), and the bidirectional backbone also reads XLNet's segment ids (the same tokens
+    with other segment ids give other logits). Whether a model then learns a label that needs both texts is measured
+    on `builtin-pairs` (docs/finetuning.md): from the main command's model, above chance and above a TF-IDF cosine."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    from modeling_xl.finetuning.data import left_pad_collate, tokenize_split
+    from tokenization import train_unigram_tokenizer
+
+    def logits(model, tokenizer, pairs, keep_types):
+        data = datasets.Dataset.from_dict({"a": [a for a, _ in pairs], "b": [b for _, b in pairs], "label": [0] * 3})
+        args = FinetuneArguments(model_name_or_path="unused", output_dir="unused", text_column="a",
+                                 text_pair_column="b", max_length=64)
+        encoded = tokenize_split(data, [0] * 3, tokenizer, args, keep_token_types=keep_types)
+        batch = left_pad_collate(tokenizer.pad_token_id or 0)([encoded[i] for i in range(3)])
+        batch.pop("labels")
+        with torch.no_grad():
+            return model(**batch).logits, batch
+
+    def differ(x, y):  # relative to the logits' size, a hundred times float32 rounding (measured: 6e-4 to 2e-3)
+        return float((x - y).abs().max()) > 1e-5 * float(x.abs().max())
+
+    pairs = [("good w1 w2", "w3 bad"), ("fine w1 w2", "w3 bad"), ("good w1 w2", "w3 poor")]
+    torch.manual_seed(0)
+    causal = TransformerXLForSequenceClassification.from_pretrained(lm_checkpoint, num_labels=2).eval()
+    out, _ = logits(causal, AutoTokenizer.from_pretrained(lm_checkpoint), pairs, keep_types=False)
+    assert differ(out[0], out[1]) and differ(out[0], out[2])  # A read, B read
+
+    unigram = train_unigram_tokenizer([text for text, _ in sentiment_rows(300, 0)], vocab_size=60)
+    config = TransformerXLConfig.from_preset("debug", vocab_size=len(unigram), cutoffs=[], adaptive=False,
+                                             attn_type="bi", num_labels=2)
+    bidirectional = TransformerXLForSequenceClassification(config).eval()
+    with torch.no_grad():  # the segment embeddings of a trained model, not the 0.02 of a fresh one (too weak to show)
+        for name, parameter in bidirectional.named_parameters():
+            if name.endswith("seg_embed"):
+                parameter.normal_(0.0, 1.0)
+    out, batch = logits(bidirectional, unigram, pairs, keep_types=True)
+    assert differ(out[0], out[1]) and differ(out[0], out[2])
+    assert set(batch["token_type_ids"][0].tolist()) >= {0, 1, 2}
+    with torch.no_grad():
+        unsegmented = bidirectional(**{**batch, "token_type_ids": torch.zeros_like(batch["token_type_ids"])}).logits
+    assert differ(out, unsegmented)
 
 
 def test_pair_layout_of_the_unigram_tokenizer_has_segment_ids(tmp_path):
@@ -579,6 +626,65 @@ def test_script_from_scratch_with_comparison_in_the_card(tmp_path, lm_checkpoint
     assert "| from scratch |" in card and "| pretrained elsewhere | 0.5000 | 0.2500 | 5 | 1 |" in card
 
 
+# ---- defaults that suit the model ----------------------------------------------------------------------------------
+
+def test_default_learning_rate_follows_width_and_start():
+    """The measured small row, the large rows, the geometric interpolation between them, clamped outside."""
+    from modeling_xl.finetuning.defaults import default_epochs, default_learning_rate
+
+    assert default_learning_rate(128, True) == default_learning_rate(128, False) == 1e-3
+    assert default_learning_rate(64, True) == 1e-3  # narrower than the measured row: clamped
+    assert default_learning_rate(768, True) == 3e-5 and default_learning_rate(768, False) == 1e-4
+    assert default_learning_rate(1024, True) == 3e-5  # xlnet-large: clamped to the large row
+    middle = round((128 * 768) ** 0.5)  # the geometric middle of the widths: the geometric middle of the rates
+    assert default_learning_rate(middle, True) == pytest.approx((1e-3 * 3e-5) ** 0.5, rel=0.02)
+    rates = [default_learning_rate(width, True) for width in (128, 256, 410, 512, 768)]
+    assert rates == sorted(rates, reverse=True) and len(set(rates)) == 5
+    assert all(default_learning_rate(w, False) >= default_learning_rate(w, True) for w in (128, 256, 410, 512, 768))
+    assert [default_epochs(w) for w in (64, 128, 410, 768, 1024)] == [5, 5, 4, 3, 3]
+
+
+def test_apply_defaults_fills_only_what_the_user_left_unnamed():
+    from modeling_xl.finetuning.defaults import apply_defaults
+
+    config = TransformerXLConfig.from_preset("tiny")
+    args = FinetuneArguments(model_name_or_path="m", output_dir="o")
+    chosen = apply_defaults(args, config, batches_per_epoch=75)
+    assert (args.learning_rate, args.num_train_epochs, args.num_warmup_steps) == (1e-3, 5, 38)  # 10% of 375 steps
+    assert sorted(chosen) == ["learning_rate", "num_train_epochs", "num_warmup_steps"]
+    assert "d_model 128, pretrained" in chosen["learning_rate"] and "375 steps" in chosen["num_warmup_steps"]
+    named = FinetuneArguments(model_name_or_path="m", output_dir="o", learning_rate=5e-4, num_warmup_steps=0,
+                              max_train_steps=40, from_scratch=True)
+    chosen = apply_defaults(named, TransformerXLConfig.from_preset("xlnet-base"), batches_per_epoch=75)
+    assert (named.learning_rate, named.num_train_epochs, named.num_warmup_steps) == (5e-4, 3, 0)  # 768 wide: 3
+    assert list(chosen) == ["num_train_epochs"]
+
+
+def test_a_run_records_the_defaults_it_chose_in_training_config(tmp_path, lm_checkpoint, one_thread):
+    """No schedule argument named: the run trains with the model's defaults (the debug preset is 16 wide: the small
+    row), writes them into training_config.json with the reason for each, and the card lists them; a named argument
+    is kept and not called a default. --overwrite_output_dir deletes the earlier record."""
+    args = finetune_args(tmp_path, lm_checkpoint)
+    run_script(tmp_path, lm_checkpoint, args.train_file, args.validation_file, "--max_train_steps", "5",
+               "--num_warmup_steps", "1", output="run")
+    record = json.loads((tmp_path / "run" / "training_config.json").read_text())
+    assert record["learning_rate"] == 3e-3 and record["num_warmup_steps"] == 1  # named by run_script and here
+    assert record["num_train_epochs"] == 5 and list(record["defaults_chosen"]) == ["num_train_epochs"]
+    code = load_script().main(["--model_name_or_path", str(lm_checkpoint), "--output_dir", str(tmp_path / "run"),
+                               "--train_file", str(args.train_file), "--validation_file", str(args.validation_file),
+                               "--disable_tqdm", "--max_train_steps", "10", "--overwrite_output_dir"])
+    assert code == 0
+    record = json.loads((tmp_path / "run" / "training_config.json").read_text())
+    assert (record["learning_rate"], record["num_warmup_steps"]) == (1e-3, 1)  # 10% of 10 steps
+    assert sorted(record["defaults_chosen"]) == ["learning_rate", "num_train_epochs", "num_warmup_steps"]
+    assert "d_model 16, pretrained" in record["defaults_chosen"]["learning_rate"]
+    results = json.loads((tmp_path / "run" / "classification_results.json").read_text())
+    assert results["args"]["learning_rate"] == 1e-3 and results["defaults_chosen"] == record["defaults_chosen"]
+    assert "learning_rate" in (tmp_path / "run" / "README.md").read_text()
+    lines = (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["lr"] == pytest.approx(1e-3)  # after the one warmup step: the peak
+
+
 # ---- the transformers ecosystem ------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -701,6 +807,7 @@ def test_resumed_from_a_checkpoint_trains_on_the_same_batches(tmp_path, lm_check
     assert second["dev"] == pytest.approx(first["dev"], rel=1e-6)
     assert [h["step"] for h in second["history"]] == [5, 10] and second["train_steps"] == 10
     with pytest.raises(ValueError, match=r"output_dir=.* already holds an earlier run \(checkpoint-6, train_log.jsonl, "
+                                         r"training_config.json, "
                                          r"classification_results.json\); expected .*--overwrite_output_dir"):
         run_finetuning(finetune_args(tmp_path, lm_checkpoint, **run))
     with pytest.raises(ValueError, match=r"resume_from_checkpoint=.*checkpoint-6' was written with seed=42, this run "
@@ -971,7 +1078,7 @@ def test_long_document_learns_evidence_that_truncation_cuts(tmp_path, one_thread
     def dev_scores(name, **overrides):
         values = dict(model_name_or_path=str(tmp_path / "lm"), output_dir=str(tmp_path / name), train_file=str(train),
                       validation_file=str(dev), max_length=8, learning_rate=3e-3, max_train_steps=150,
-                      per_device_train_batch_size=16, disable_tqdm=True)
+                      num_warmup_steps=0, per_device_train_batch_size=16, disable_tqdm=True)
         return run_finetuning(FinetuneArguments(**{**values, **overrides}))["dev"]
 
     cut, whole = dev_scores("cut"), dev_scores("whole", long_document=True)

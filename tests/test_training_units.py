@@ -541,3 +541,23 @@ def test_resume_is_suggested_only_for_an_earlier_run_that_saved_a_checkpoint(tmp
     with pytest.raises(ValueError, match=r"\(checkpoints, train_log.jsonl\); expected an empty or new folder, "
                                          r"--resume_from_checkpoint latest to continue that run, or --overwrite"):
         check_output_dir(str(tmp_path), arguments_module.earlier_pretraining_run)
+
+
+def test_report_to_trackio_names_why_no_tracker_starts(monkeypatch):
+    """`--report_to trackio` where it cannot start: an Accelerate without the tracker (before 1.9) is named as such,
+    not as a missing trackio package; with the tracker but without the package, the package is named."""
+    from accelerate import utils
+
+    from modeling_xl.training.feedback import tracker_names
+
+    monkeypatch.delattr(utils, "is_trackio_available", raising=False)
+    with pytest.raises(ValueError, match=r"report_to='trackio' but Accelerate .* has no trackio tracker; expected "
+                                         r"accelerate>=1.9"):
+        tracker_names("trackio")
+    assert "trackio" not in tracker_names("all")  # "all": whatever is there, nothing refused
+    monkeypatch.setattr(utils, "is_trackio_available", lambda: False, raising=False)
+    with pytest.raises(ValueError, match=r"report_to='trackio' but trackio is not installed; expected `pip install "
+                                         r"trackio`"):
+        tracker_names("trackio")
+    monkeypatch.setattr(utils, "is_trackio_available", lambda: True, raising=False)
+    assert "trackio" in tracker_names("trackio")

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..runs import check_model_source, choice, positive_int
 
 RESULTS_FILE = "classification_results.json"
+TRAINING_CONFIG = "training_config.json"  # every resolved argument, and which defaults were chosen for this model
 # the results file of every fine-tuning task: a folder holding any of them holds an earlier run
 # (`checkpoints.earlier_run`)
 TASK_RESULTS_FILES = {"classification": RESULTS_FILE, "question-answering": "qa_results.json",
@@ -44,12 +45,17 @@ class CommonArguments:
     # optimisation
     per_device_train_batch_size: int = 32
     per_device_eval_batch_size: int = 64
-    learning_rate: float = 1e-4
+    learning_rate: float | None = field(default=None, metadata={
+        "help": "peak learning rate (default: from the model's width and whether it is pretrained, "
+                "modeling_xl.finetuning.defaults; 1e-3 for the tiny preset)"})
     weight_decay: float = 0.0
-    num_train_epochs: int = 1
+    num_train_epochs: int | None = field(default=None, metadata={
+        "help": "epochs (default: from the model's width, modeling_xl.finetuning.defaults; 5 for the tiny preset, 3 "
+                "for XLNet's sizes)"})
     max_train_steps: int | None = field(default=None, metadata={"help": "optimizer steps (default: the epochs')"})
     max_train_time: float | None = field(default=None, metadata={"help": "stop training after this many seconds"})
-    num_warmup_steps: int = 0
+    num_warmup_steps: int | None = field(default=None, metadata={"help": "linear warmup steps (default: 10%% of the "
+                                                                        "run's steps)"})
     max_train_samples: int | None = field(default=None, metadata={"help": "train on a random subset of this size"})
     seed: int = 42
     # evaluation, checkpoints, feedback
@@ -85,17 +91,17 @@ class FinetuneArguments(CommonArguments):
 def validate_common(args: CommonArguments, results_file: str = RESULTS_FILE) -> None:
     """Argument-level checks of every task, before anything is read or written: ValueError naming argument, value,
     expectation."""
-    for name in ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs"):
+    for name in ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size"):
         positive_int(name, getattr(args, name))
-    for name in ("max_train_steps", "max_train_samples", "eval_steps", "checkpointing_steps"):
+    for name in ("num_train_epochs", "max_train_steps", "max_train_samples", "eval_steps", "checkpointing_steps"):
         if getattr(args, name) is not None:
             positive_int(name, getattr(args, name))
-    if args.num_warmup_steps < 0:
+    if args.num_warmup_steps is not None and args.num_warmup_steps < 0:
         raise ValueError(f"num_warmup_steps={args.num_warmup_steps} is invalid; expected an integer >= 0")
     if args.overwrite_output_dir and args.resume_from_checkpoint is not None:
         raise ValueError(f"overwrite_output_dir=True and resume_from_checkpoint={args.resume_from_checkpoint!r} are "
                          "both set; expected one (overwriting deletes the checkpoints a resume reads)")
-    if not args.learning_rate > 0:
+    if args.learning_rate is not None and not args.learning_rate > 0:
         raise ValueError(f"learning_rate={args.learning_rate!r} is invalid; expected a positive number")
     if args.weight_decay < 0:
         raise ValueError(f"weight_decay={args.weight_decay!r} is invalid; expected a number >= 0")

@@ -5,6 +5,7 @@ tokenizer (`save_model`, first, so nothing after it can lose them), then the job
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 from dataclasses import asdict
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .arguments import FinetuneArguments
+from .arguments import TRAINING_CONFIG, FinetuneArguments
 from .tasks import TASKS, Task
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / "sequence_classification.md"
@@ -29,6 +30,13 @@ def save_model(model, tokenizer, pad_id: int, output_dir) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def save_training_config(args, chosen: dict[str, str], output_dir) -> None:
+    """`training_config.json`: every resolved argument of the run (the defaults chosen for this model included) and,
+    under `defaults_chosen`, why each default has its value (`defaults.apply_defaults`)."""
+    values = {**asdict(args), "defaults_chosen": chosen}
+    (Path(output_dir) / TRAINING_CONFIG).write_text(json.dumps(values, indent=2, default=str) + "\n")
 
 
 def dev_line(results: dict) -> str:

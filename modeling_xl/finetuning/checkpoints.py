@@ -78,14 +78,14 @@ def is_finetuning_checkpoint(folder: Path) -> bool:
 
 
 def earlier_run(folder: Path, results_file: str) -> list[str]:
-    """Names in `folder` that an earlier fine-tuning run wrote (its checkpoints, step log, results: `results_file`,
-    or the results file of a run of another task)."""
-    from .arguments import TASK_RESULTS_FILES
+    """Names in `folder` that an earlier fine-tuning run wrote (its checkpoints, step log, resolved arguments,
+    results: `results_file`, or the results file of a run of another task)."""
+    from .arguments import TASK_RESULTS_FILES, TRAINING_CONFIG
 
     names = sorted((p.name for p in folder.iterdir() if p.is_dir() and is_finetuning_checkpoint(p)),
                    key=lambda name: int(name.split("-")[1]))
     results = [results_file] + sorted(set(TASK_RESULTS_FILES.values()) - {results_file})
-    return names + [name for name in (LOG_FILE, *results) if (folder / name).exists()]
+    return names + [name for name in (LOG_FILE, TRAINING_CONFIG, *results) if (folder / name).exists()]
 
 
 def resolve_checkpoint(output_dir, requested: str) -> Path:

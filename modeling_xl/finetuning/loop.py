@@ -24,10 +24,12 @@ from ..training.checkpointing import read_training_state
 from ..training.engines import refuse_split_world
 from ..training.output_guard import (MODEL_FILES, OutputDirLock, check_foreign_files, check_replaceable,
                                      is_launch_main_process)
-from .card import save_model
+from .arguments import TRAINING_CONFIG
+from .card import save_model, save_training_config
 from .checkpoints import (check_compatible, checkpoint_rng, earlier_run, read_checkpoint_rng, resolve_checkpoint,
                           rng_states, save_checkpoint, set_rng, split_checkpoint_rng)
 from .coverage import check_unknown_share, unknown_token_report
+from .defaults import apply_defaults
 from .job import Job, model_inputs
 from .tasks import MetricError
 
@@ -36,8 +38,8 @@ logger = logging.getLogger(__name__)
 
 def final_files(results_file: str) -> tuple[str, ...]:
     """What the final save of a fine-tuning run writes at the top of its output folder: the model files, the step
-    log, the results (`save_model`, `Job.save_records`)."""
-    return (*MODEL_FILES, LOG_FILE, results_file)
+    log, the resolved arguments, the results (`save_model`, `save_training_config`, `Job.save_records`)."""
+    return (*MODEL_FILES, LOG_FILE, TRAINING_CONFIG, results_file)
 
 
 def run_finetuning(args) -> dict:
@@ -91,6 +93,10 @@ def _run_job(job: Job) -> dict:
     train_loader = DataLoader(train, shuffle=True, batch_size=args.per_device_train_batch_size, collate_fn=collate)
     dev_loader = DataLoader(dev, batch_size=args.per_device_eval_batch_size, collate_fn=collate)
     train_loader, dev_loader = accelerator.prepare(train_loader, dev_loader)  # sharded over the processes
+    # the schedule the user left unnamed, from this model's width and start (`defaults`), logged and recorded
+    chosen = apply_defaults(args, model_config, len(train_loader))
+    if chosen:
+        logger.info("defaults for this model: %s", "; ".join(f"{k} {v}" for k, v in chosen.items()))
     max_steps = args.max_train_steps or args.num_train_epochs * len(train_loader)
     layout = {"num_processes": accelerator.num_processes, "per_device_train_batch_size":
               args.per_device_train_batch_size, "num_train_examples": len(train), "seed": args.seed}
@@ -149,10 +155,12 @@ def _run_job(job: Job) -> dict:
                "train_examples_seen": step * args.per_device_train_batch_size * accelerator.num_processes,
                "num_train_examples": len(train), "num_dev_examples": len(dev),
                "initialisation": "from scratch" if args.from_scratch else f"pretrained {args.model_name_or_path}",
-               "unknown_token_share": None if coverage is None else coverage["share"], "args": asdict(args)}
+               "unknown_token_share": None if coverage is None else coverage["share"], "args": asdict(args),
+               "defaults_chosen": chosen}
     if accelerator.is_main_process:
         if not already:
             log.write({"step": step, **final})
+        save_training_config(args, chosen, output_dir)
         job.save_records(results, accelerator.unwrap_model(model).config)
     del model, optimizer, train_loader, dev_loader, scheduler  # the prepared wrappers go first (see `end_run`)
     end_run(accelerator)

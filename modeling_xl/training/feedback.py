@@ -43,10 +43,16 @@ def tracker_names(report_to: str) -> list[str]:
 
     wanted = {"tensorboard", "trackio"} if report_to == "all" else ({report_to} - {"none"})
     names = []
-    trackio_available = getattr(utils, "is_trackio_available", lambda: False)()
+    has_trackio_tracker = hasattr(utils, "is_trackio_available")  # Accelerate 1.9 and later
+    trackio_available = has_trackio_tracker and utils.is_trackio_available()
     for name, available in (("tensorboard", utils.is_tensorboard_available()), ("trackio", trackio_available)):
         if name in wanted:
             if not available and report_to != "all":
+                if name == "trackio" and not has_trackio_tracker:
+                    import accelerate
+
+                    raise ValueError(f"report_to={report_to!r} but Accelerate {accelerate.__version__} has no trackio "
+                                     "tracker; expected accelerate>=1.9 or another --report_to")
                 raise ValueError(f"report_to={report_to!r} but {name} is not installed; expected `pip install {name}`"
                                  " or another --report_to")
             if available:
