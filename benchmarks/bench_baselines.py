@@ -87,9 +87,13 @@ def builtin_pairs(texts: list[str], topics: list[str], seed: int) -> tuple[list[
 
 
 def write_pairs(folder: Path) -> None:
+    """The builtin-pairs task as train.tsv / dev.tsv (the pairs `sets` makes: seed 0 for train, 1 for dev)."""
+    from modeling_xl.finetuning.builtin_task import builtin_task
+
     folder.mkdir(parents=True, exist_ok=True)
-    for split, name in (("train", "train"), ("validation", "dev")):
-        pairs, labels = sets()["builtin-pairs"][split]
+    task = {split: (rows["sentence"], rows["label"]) for split, rows in builtin_task().items()}
+    for i, (split, name) in enumerate((("train", "train"), ("validation", "dev"))):
+        pairs, labels = builtin_pairs(*task[split], seed=i)
         with open(folder / f"{name}.tsv", "w", encoding="utf-8") as f:
             f.write("sentence\tsentence2\tlabel\n")
             for (a, b), label in zip(pairs, labels):

@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from common import print_table, write_json
+from common import print_table, run_script, write_json
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
@@ -58,11 +56,7 @@ def run_one(task: str, start: str, model: str, data: Path, extra: list[str], sst
         command = [sys.executable, str(REPO / "scripts" / "finetune_classification.py"), "--model_name_or_path", model,
                    *task_arguments(task, data, sst2_rows), *extra, *(["--from_scratch"] if start == "scratch" else []),
                    "--output_dir", str(out), "--disable_tqdm"]
-        begin = time.perf_counter()
-        proc = subprocess.run(command, capture_output=True, text=True)
-        seconds = time.perf_counter() - begin
-        if proc.returncode != 0:
-            raise RuntimeError(f"{task} {start} {extra} failed:\n{proc.stderr[-3000:]}")
+        seconds = run_script(command, f"{task} {start} {extra}")
         results = json.loads((out / "classification_results.json").read_text())
     args = results["args"]
     return {"task": task, "start": start, "model": model, "learning_rate": args["learning_rate"],
@@ -110,9 +104,12 @@ def main(argv=None) -> dict:
     data = path.parent / "finetune_data"
     import bench_baselines
 
-    bench_baselines.write_pairs(data / "pairs")
-    if "ud-genre" in (args.tasks or DEFAULT_TASKS) and args.table == "defaults":
-        bench_baselines.write_ud_genre(data / "ud_genre")
+    if args.table == "defaults":  # the files of the sets the defaults table reads from files
+        tasks = args.tasks or DEFAULT_TASKS
+        if "builtin-pairs" in tasks:
+            bench_baselines.write_pairs(data / "pairs")
+        if "ud-genre" in tasks:
+            bench_baselines.write_ud_genre(data / "ud_genre")
 
     models = {"word": args.model, **({"unigram": args.unigram_model} if args.unigram_model else {})}
     # from scratch: the same architecture and tokenizer as each model, random weights

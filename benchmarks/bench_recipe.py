@@ -20,13 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from common import print_table, write_json
+from common import print_table, run_script, write_json
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
@@ -59,11 +57,7 @@ def run_one(corpus: str, steps: int, schedule: str, seed: int) -> dict:
                    "--max_train_steps", str(steps), "--learning_rate", str(lr), "--num_warmup_steps", str(warmup_steps),
                    "--max_grad_norm", str(clip), "--seed", str(seed), "--eval_steps", "1000000000",
                    "--token_cache", "false", "--output_dir", str(out)]
-        start = time.perf_counter()
-        proc = subprocess.run(command, capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise RuntimeError(f"{corpus} {steps} {schedule} failed:\n{proc.stderr[-3000:]}")
+        seconds = run_script(command, f"{corpus} {steps} {schedule}")
         results = json.loads((out / "eval_results.json").read_text())
         losses = [json.loads(line)["loss"] for line in (out / "train_log.jsonl").read_text().splitlines()
                   if '"loss"' in line]

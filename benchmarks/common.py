@@ -261,6 +261,16 @@ def run_worker(python: str, script: str | Path, args: dict, timeout: int = 1800)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_script(command: list, what: str) -> float:
+    """Run one of the project's scripts (`command`, output captured) and return its wall-clock seconds; RuntimeError
+    naming `what`, with the end of its stderr, if it fails."""
+    start = time.perf_counter()
+    proc = subprocess.run([str(part) for part in command], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
 def worker_args() -> dict:
     """The JSON dict a worker was started with (`--args`)."""
     return json.loads(sys.argv[sys.argv.index("--args") + 1])
