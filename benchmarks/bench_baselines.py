@@ -15,6 +15,12 @@ the README and docs/finetuning.md report (the same train / dev splits the fine-t
   it as train.tsv / dev.tsv (`sentence`, `sentence2`, `label`) for `scripts/finetune_classification.py --train_file
   DIR/train.tsv --validation_file DIR/dev.tsv --text_pair_column sentence2`. Its baseline compares the two TF-IDF
   vectors (logistic regression on their cosine: a similarity threshold learned from the training pairs);
+- `squad-pairs`, a pair task built here from SQuAD v1.1 (../shared/data/squad) as GLUE's QNLI was: each question with
+  the sentence of its paragraph that holds the answer (`answer`) or another sentence of that paragraph (`other`), a
+  seeded coin, half each; the articles split by title (the last 8 of the 40 in sorted order are dev: 9,169 / 1,498
+  pairs). `--write_squad_pairs DIR` writes it like `--write_pairs`;
+- for the pair sets, the same TF-IDF + logistic regression on the second text alone: what a model gets without
+  comparing the texts (the cues one text carries, such as an answer sentence's length or numbers);
 - the most frequent training class beside each (the floor).
 
 TF-IDF of word unigrams and bigrams (lowercased, sublinear tf, words seen in at least one training text),
@@ -35,6 +41,8 @@ from common import print_table, write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SST2 = REPO.parent / "shared" / "data" / "sst2"
+SQUAD = REPO.parent / "shared" / "data" / "squad" / "train.jsonl"
+SQUAD_DEV_ARTICLES = 8
 UD_EWT = REPO.parent / "shared" / "data" / "ud_ewt"
 
 
@@ -62,6 +70,8 @@ def sets() -> dict[str, dict]:
         out["sst2"] = {"train": read_tsv(SST2 / "train.tsv"), "validation": read_tsv(SST2 / "dev.tsv")}
     if UD_EWT.is_dir():
         out["ud-genre"] = {"train": ud_genre(UD_EWT / "train.jsonl"), "validation": ud_genre(UD_EWT / "dev.jsonl")}
+    if SQUAD.is_file():
+        out["squad-pairs"] = squad_pairs(SQUAD)
     return out
 
 
@@ -90,13 +100,58 @@ def write_pairs(folder: Path) -> None:
     """The builtin-pairs task as train.tsv / dev.tsv (the pairs `sets` makes: seed 0 for train, 1 for dev)."""
     from modeling_xl.finetuning.builtin_task import builtin_task
 
-    folder.mkdir(parents=True, exist_ok=True)
     task = {split: (rows["sentence"], rows["label"]) for split, rows in builtin_task().items()}
-    for i, (split, name) in enumerate((("train", "train"), ("validation", "dev"))):
-        pairs, labels = builtin_pairs(*task[split], seed=i)
+    write_pair_files(folder, {split: builtin_pairs(*task[split], seed=i)
+                              for i, split in enumerate(("train", "validation"))})
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each sentence: a cut after `.`, `!` or `?` and white space, before a capital, quote or
+    parenthesis (enough for Wikipedia prose; an abbreviation such as "U.S. Army" is cut, which only shortens a
+    sentence)."""
+    import re
+
+    spans, start = [], 0
+    for match in re.finditer(r"(?<=[.!?])\s+(?=[A-Z\"'(])", text):
+        spans.append((start, match.start()))
+        start = match.end()
+    spans.append((start, len(text)))
+    return spans
+
+
+def squad_pairs(path: Path, seed: int = 0) -> dict[str, tuple[list[tuple[str, str]], list[str]]]:
+    """{"train" / "validation": ((question, sentence) pairs, `answer` / `other`)}: for each question whose paragraph
+    has two sentences or more, the sentence holding its (first) answer's start, or, on a coin of
+    `random.Random(seed)`, another sentence of the paragraph. Articles are split by title, so no dev paragraph was
+    seen in training."""
+    import json
+    import random
+
+    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+    dev_titles = set(sorted({row["title"] for row in rows})[-SQUAD_DEV_ARTICLES:])
+    rng = random.Random(seed)
+    out = {"train": ([], []), "validation": ([], [])}
+    for row in rows:
+        spans = sentence_spans(row["context"])
+        if len(spans) < 2:
+            continue
+        start = row["answers"]["answer_start"][0]
+        holding = next(i for i, (_, end) in enumerate(spans) if start <= end)
+        answer = rng.random() < 0.5
+        chosen = holding if answer else rng.choice([i for i in range(len(spans)) if i != holding])
+        pairs, labels = out["validation" if row["title"] in dev_titles else "train"]
+        pairs.append((row["question"], row["context"][slice(*spans[chosen])]))
+        labels.append("answer" if answer else "other")
+    return out
+
+
+def write_pair_files(folder: Path, task: dict) -> None:
+    """A pair task ({split: (pairs, labels)}) as train.tsv / dev.tsv (`sentence`, `sentence2`, `label`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, name in (("train", "train"), ("validation", "dev")):
         with open(folder / f"{name}.tsv", "w", encoding="utf-8") as f:
             f.write("sentence\tsentence2\tlabel\n")
-            for (a, b), label in zip(pairs, labels):
+            for (a, b), label in zip(*task[split]):
                 f.write(f"{_cell(a)}\t{_cell(b)}\t{label}\n")
 
 
@@ -143,6 +198,13 @@ def tfidf_logistic_regression(train, dev) -> float:
     return sum(p == y for p, y in zip(predictions, dev[1])) / len(dev[1])
 
 
+def second_text_alone(train, dev) -> float | None:
+    """For a pair set, TF-IDF + logistic regression on the second text alone; None for a single-text set."""
+    if not isinstance(train[0][0], tuple):
+        return None
+    return tfidf_logistic_regression(([b for _, b in train[0]], train[1]), ([b for _, b in dev[0]], dev[1]))
+
+
 def pair_features(vectorizer, pairs):
     """The cosine of the two texts' TF-IDF vectors, one feature per pair (the vectors are unit length: the cosine is
     the sum of their product). Logistic regression on it learns the threshold. The per-word products and differences
@@ -160,22 +222,29 @@ def main(argv=None) -> dict:
     parser.add_argument("--write_ud_genre", help="also write the ud-genre task as train.tsv / dev.tsv into this folder")
     parser.add_argument("--write_pairs", help="also write the builtin-pairs task as train.tsv / dev.tsv into this "
                         "folder")
+    parser.add_argument("--write_squad_pairs", help="also write the squad-pairs task as train.tsv / dev.tsv into this "
+                        "folder")
     args = parser.parse_args(argv)
     if args.write_ud_genre:
         write_ud_genre(Path(args.write_ud_genre))
     if args.write_pairs:
         write_pairs(Path(args.write_pairs))
+    if args.write_squad_pairs:
+        write_pair_files(Path(args.write_squad_pairs), squad_pairs(SQUAD))
     results, rows = {}, []
     for name, data in sets().items():
         train, dev = data["train"], data["validation"]
         majority = Counter(train[1]).most_common(1)[0][0]
         results[name] = {"train": len(train[0]), "dev": len(dev[0]),
                          "tfidf_logistic_regression": tfidf_logistic_regression(train, dev),
-                         "most_frequent_class": sum(y == majority for y in dev[1]) / len(dev[1])}
+                         "most_frequent_class": sum(y == majority for y in dev[1]) / len(dev[1]),
+                         "second_text_alone": second_text_alone(train, dev)}
+        alone = results[name]["second_text_alone"]
         rows.append([name, results[name]["train"], results[name]["dev"],
-                     f"{results[name]['tfidf_logistic_regression']:.4f}", f"{results[name]['most_frequent_class']:.4f}"])
-    table = print_table(["set", "train", "dev", "TF-IDF + logistic regression (dev accuracy)", "most frequent class"],
-                        rows)
+                     f"{results[name]['tfidf_logistic_regression']:.4f}", f"{results[name]['most_frequent_class']:.4f}",
+                     "" if alone is None else f"{alone:.4f}"])
+    table = print_table(["set", "train", "dev", "TF-IDF + logistic regression (dev accuracy)", "most frequent class",
+                         "pairs: TF-IDF on the second text alone"], rows)
     write_json(args.output, {"results": results, "table": table})
     return results
 

@@ -7,8 +7,8 @@ Two tables, one run per cell (seed 42, `scripts/finetune_classification.py`, dev
   split), from a pretrained `tiny` model (`--model`) and from scratch. `modeling_xl.finetuning.defaults` was chosen
   from it.
 - `--table defaults`: every argument at its default on each classification set there is: the built-in task,
-  `builtin-pairs` (same topic or not; `--text_pair_column sentence2`), `ud-genre` (cased UD English-EWT sentences by
-  web genre) and SST-2, from each model of `--model` / `--unigram_model` and from scratch, beside
+  `builtin-pairs` (same topic or not; `--text_pair_column sentence2`), `squad-pairs` (does this sentence answer this
+  question, from SQuAD, as GLUE's QNLI), `ud-genre` (cased UD English-EWT sentences by web genre) and SST-2, from each model of `--model` / `--unigram_model` and from scratch, beside
   `benchmarks/bench_baselines.py`'s TF-IDF + logistic regression. `--sst2_rows N` trains SST-2 on N rows instead of
   all 67,349 (the CPU budget).
 
@@ -37,17 +37,19 @@ sys.path.insert(0, str(REPO))
 
 GRID = [(lr, epochs) for lr in (1e-4, 3e-4, 1e-3) for epochs in (1, 3)] + [(3e-3, 3), (1e-3, 5), (3e-3, 5)]
 GRID_TASKS = ("builtin", "sst2")
-DEFAULT_TASKS = ("builtin", "builtin-pairs", "ud-genre", "sst2")
+DEFAULT_TASKS = ("builtin", "builtin-pairs", "squad-pairs", "ud-genre", "sst2")
+PAIR_TASKS = ("builtin-pairs", "squad-pairs")
 
 
 def task_arguments(task: str, data: Path, sst2_rows: int | None) -> list[str]:
     if task == "builtin":
         return ["--dataset_name", "builtin"]
-    folder = {"builtin-pairs": data / "pairs", "ud-genre": data / "ud_genre", "sst2": SHARED / "sst2"}[task]
+    folder = {"builtin-pairs": data / "pairs", "squad-pairs": data / "squad_pairs", "ud-genre": data / "ud_genre",
+              "sst2": SHARED / "sst2"}[task]
     files = ["--train_file", str(folder / "train.tsv"), "--validation_file", str(folder / "dev.tsv")]
-    extra = {"builtin-pairs": ["--text_pair_column", "sentence2"],
-             "sst2": ["--max_train_samples", str(sst2_rows)] if sst2_rows else []}.get(task, [])
-    return files + extra
+    if task in PAIR_TASKS:
+        return files + ["--text_pair_column", "sentence2"]
+    return files + (["--max_train_samples", str(sst2_rows)] if task == "sst2" and sst2_rows else [])
 
 
 def run_one(task: str, start: str, model: str, data: Path, extra: list[str], sst2_rows: int | None) -> dict:
@@ -85,7 +87,8 @@ def baselines_on_the_same_rows(sst2_rows: int | None) -> dict:
             train = ([train[0][i] for i in keep], [train[1][i] for i in keep])
         majority = Counter(train[1]).most_common(1)[0][0]
         out[task] = {"train": len(train[0]), "tfidf": bench_baselines.tfidf_logistic_regression(train, dev),
-                     "majority": sum(y == majority for y in dev[1]) / len(dev[1])}
+                     "majority": sum(y == majority for y in dev[1]) / len(dev[1]),
+                     "second_text_alone": bench_baselines.second_text_alone(train, dev)}
     return out
 
 
@@ -95,6 +98,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--model", required=True, help="the main command's output folder (word level)")
     parser.add_argument("--unigram_model", help="the main command's output with --tokenizer_type unigram")
     parser.add_argument("--tasks", nargs="+", help="a subset of the table's tasks")
+    parser.add_argument("--starts", nargs="+", choices=("pretrained", "scratch"), default=("pretrained", "scratch"),
+                        help="defaults table: from the pretrained weights, from scratch, or both (the default)")
     parser.add_argument("--sst2_rows", type=int, default=None, help="defaults table: SST-2 training rows (all)")
     parser.add_argument("--output", default=None)
     parser.add_argument("--fresh", action="store_true", help="ignore the rows already in --output")
@@ -108,6 +113,8 @@ def main(argv=None) -> dict:
         tasks = args.tasks or DEFAULT_TASKS
         if "builtin-pairs" in tasks:
             bench_baselines.write_pairs(data / "pairs")
+        if "squad-pairs" in tasks:
+            bench_baselines.write_pair_files(data / "squad_pairs", bench_baselines.squad_pairs(bench_baselines.SQUAD))
         if "ud-genre" in tasks:
             bench_baselines.write_ud_genre(data / "ud_genre")
 
@@ -118,7 +125,7 @@ def main(argv=None) -> dict:
                 for task in args.tasks or GRID_TASKS for start in ("pretrained", "scratch") for lr, epochs in GRID]
     else:
         plan = [(task, start, model, [], args.sst2_rows) for task in args.tasks or DEFAULT_TASKS
-                for model in models.values() for start in ("pretrained", "scratch")]
+                for model in models.values() for start in args.starts]
     done = {(r["task"], r["start"], r["model"], tuple(r["extra"])) for r in rows}
     for task, start, model, extra, sst2_rows in plan:
         if (task, start, model, tuple(extra)) in done:
@@ -129,8 +136,11 @@ def main(argv=None) -> dict:
         write_json(path, {"rows": rows})
     if args.table == "defaults":
         baselines = baselines_on_the_same_rows(args.sst2_rows)
-        print_table(["task", "train rows", "TF-IDF + logistic regression", "most frequent class"],
-                    [[task, b["train"], f"{b['tfidf']:.4f}", f"{b['majority']:.4f}"] for task, b in baselines.items()])
+        print_table(["task", "train rows", "TF-IDF + logistic regression", "most frequent class",
+                     "pairs: second text alone"],
+                    [[task, b["train"], f"{b['tfidf']:.4f}", f"{b['majority']:.4f}",
+                      "" if b["second_text_alone"] is None else f"{b['second_text_alone']:.4f}"]
+                     for task, b in baselines.items()])
         write_json(path, {"rows": rows, "baselines": baselines})
     print_table(["task", "start", "model", "lr", "epochs", "warmup", "steps", "<unk>", "accuracy", "s"],
                 [[r["task"], r["start"], Path(r["model"]).name, f"{r['learning_rate']:g}", r["num_train_epochs"],
