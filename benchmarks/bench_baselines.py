@@ -17,10 +17,10 @@ the README and docs/finetuning.md report (the same train / dev splits the fine-t
   vectors (logistic regression on their cosine: a similarity threshold learned from the training pairs);
 - `squad-pairs`, a pair task built here from SQuAD v1.1 (../shared/data/squad) as GLUE's QNLI was: each question with
   the sentence of its paragraph that holds the answer (`answer`) or another sentence of that paragraph (`other`), a
-  seeded coin, half each; the articles split by title (the last 8 of the 40 in sorted order are dev: 9,169 / 1,498
+  seeded coin, half each; the articles split by title (the last 8 of the 40 in sorted order are dev: 9,137 / 1,497
   pairs). `--write_squad_pairs DIR` writes it like `--write_pairs`;
 - for the pair sets, the same TF-IDF + logistic regression on the second text alone: what a model gets without
-  comparing the texts (the cues one text carries, such as an answer sentence's length or numbers);
+  comparing the texts (the cues one text carries: an answer sentence's wording, its numbers and names);
 - the most frequent training class beside each (the floor).
 
 TF-IDF of word unigrams and bigrams (lowercased, sublinear tf, words seen in at least one training text),
@@ -105,14 +105,21 @@ def write_pairs(folder: Path) -> None:
                               for i, split in enumerate(("train", "validation"))})
 
 
+ABBREVIATIONS = {"Mr.", "Mrs.", "Ms.", "Dr.", "St.", "Rev.", "Fr.", "Jr.", "Sr.", "Prof.", "Gen.", "Col.", "Lt.",
+                 "Capt.", "Sgt.", "Gov.", "Sen.", "No.", "Vol.", "vs.", "Mt.", "Ft.", "Inc.", "Co.", "Corp.", "Bros."}
+
+
 def sentence_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) of each sentence: a cut after `.`, `!` or `?` and white space, before a capital, quote or
-    parenthesis (enough for Wikipedia prose; an abbreviation such as "U.S. Army" is cut, which only shortens a
-    sentence)."""
+    """(start, end) of each sentence, end exclusive: a cut after `.`, `!` or `?` and white space, before a capital,
+    quote or parenthesis, unless the word before the cut is an initial ("Joan B. Kroc"), holds another dot ("U.S.
+    News") or is a title or abbreviation of `ABBREVIATIONS` ("Rev. William Corby")."""
     import re
 
     spans, start = [], 0
     for match in re.finditer(r"(?<=[.!?])\s+(?=[A-Z\"'(])", text):
+        word = text[start:match.start()].split()[-1]
+        if (len(word) == 2 and word[0].isupper() and word[1] == ".") or "." in word[:-1] or word in ABBREVIATIONS:
+            continue
         spans.append((start, match.start()))
         start = match.end()
     spans.append((start, len(text)))
@@ -121,9 +128,11 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
 
 def squad_pairs(path: Path, seed: int = 0) -> dict[str, tuple[list[tuple[str, str]], list[str]]]:
     """{"train" / "validation": ((question, sentence) pairs, `answer` / `other`)}: for each question whose paragraph
-    has two sentences or more, the sentence holding its (first) answer's start, or, on a coin of
-    `random.Random(seed)`, another sentence of the paragraph. Articles are split by title, so no dev paragraph was
-    seen in training."""
+    has two sentences or more, the sentence holding its (first) answer, or, on a coin of `random.Random(seed)`,
+    another sentence of the paragraph. An answer that still crosses a cut (an abbreviation the splitter does not
+    know) joins the sentences it touches into one, so no `other` sentence holds a part of it; another sentence can
+    still hold the same words (as in GLUE's QNLI, whose pairs were made the same way). Articles are split by title, so
+    no dev paragraph was seen in training."""
     import json
     import random
 
@@ -133,10 +142,15 @@ def squad_pairs(path: Path, seed: int = 0) -> dict[str, tuple[list[tuple[str, st
     out = {"train": ([], []), "validation": ([], [])}
     for row in rows:
         spans = sentence_spans(row["context"])
+        first = row["answers"]["answer_start"][0]
+        last = first + len(row["answers"]["text"][0])
+        touched = [i for i, (start, end) in enumerate(spans) if start < last and first < end]
+        if not touched:  # an answer in the white space between sentences (none in SQuAD v1.1's 40 articles)
+            touched = [next(i for i, (_, end) in enumerate(spans) if first < end)]
+        spans = spans[:touched[0]] + [(spans[touched[0]][0], spans[touched[-1]][1])] + spans[touched[-1] + 1:]
+        holding = touched[0]
         if len(spans) < 2:
             continue
-        start = row["answers"]["answer_start"][0]
-        holding = next(i for i, (_, end) in enumerate(spans) if start <= end)
         answer = rng.random() < 0.5
         chosen = holding if answer else rng.choice([i for i in range(len(spans)) if i != holding])
         pairs, labels = out["validation" if row["title"] in dev_titles else "train"]

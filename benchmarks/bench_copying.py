@@ -6,12 +6,12 @@ second copy almost without loss; a model that has not learned to match loses as 
 task that needs the two texts compared (does this sentence answer this question?) asks for that matching, so this is
 the check behind the pair results of docs/finetuning.md. The architecture can learn it
 (`tests/test_modeling_transformer_xl.py::test_learns_to_copy_what_only_the_memory_holds`: a repeat is predicted
-through the memory after 600 steps); this script measures whether pretraining taught it.
+through the memory after 400 steps); this script measures whether pretraining taught it.
 
 Held-out text: the first `--paragraphs` paragraphs of WikiText-2 validation with more than 60 words, each cut to its
 first `--tokens` tokens by the checkpoint's own tokenizer and read twice in one row (`x x`, no memory). Reported per
-checkpoint: the mean loss (nats per token) on the first copy (from its 6th token, past the row's start) and on the
-second, their difference, and the share of `<unk>` tokens.
+checkpoint: the mean loss (nats per token) on the same tokens in each copy (the 6th to the last: the first copy's
+opening tokens have too little context to compare), their difference, and the share of `<unk>` tokens.
 
     python benchmarks/bench_copying.py outputs/tiny outputs/tiny-unigram
 """
@@ -25,26 +25,28 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table, set_threads, write_json  # noqa: E402
+from common import DATA, REPO, print_table, set_threads, write_json  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-WIKITEXT2_VALID = REPO.parent / "shared" / "data" / "wikitext-2" / "valid.txt"
-SKIP = 5  # the first tokens of a row have little context: left out of the first copy's mean
+sys.path.insert(0, str(REPO))
+WIKITEXT2_VALID = DATA / "wikitext-2" / "valid.txt"
+SKIP = 5  # each copy's first SKIP tokens are left out of both means
 
 
 def paragraphs(path: Path, count: int, min_words: int = 60) -> list[str]:
-    lines = (line.strip() for line in open(path, encoding="utf-8"))
+    with open(path, encoding="utf-8") as f:
+        lines = [line.strip() for line in f]
     return [line for line in lines if len(line.split()) > min_words and not line.startswith("=")][:count]
 
 
 @torch.no_grad()
 def copy_losses(model, ids: list[int]) -> tuple[float, float]:
-    """(mean loss on the first copy, on the second) of `ids ids` read as one row."""
+    """(mean loss on the first copy, on the second) of `ids ids` read as one row, over the same tokens of each:
+    `ids[SKIP:]`."""
     n = len(ids)
     row = torch.tensor([ids + ids])
     logits = model(input_ids=row).logits[0, :-1].float()
     losses = torch.nn.functional.cross_entropy(logits, row[0, 1:], reduction="none")  # losses[i]: token i + 1
-    return float(losses[SKIP - 1:n - 1].mean()), float(losses[n:].mean())
+    return float(losses[SKIP - 1:n - 1].mean()), float(losses[n + SKIP - 1:2 * n - 1].mean())
 
 
 def measure(checkpoint: str, texts: list[str], tokens: int) -> dict:
@@ -75,8 +77,13 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--tokens", type=int, default=60, help="tokens per copy")
     parser.add_argument("--output", default="benchmarks/results/copying.json")
     args = parser.parse_args(argv)
+    if args.tokens <= SKIP + 1:
+        parser.error(f"--tokens {args.tokens}: expected more than {SKIP + 1} (the first {SKIP} of each copy are left "
+                     "out of the means)")
     set_threads()
     texts = paragraphs(WIKITEXT2_VALID, args.paragraphs)
+    if not texts:
+        raise SystemExit(f"no paragraph of more than 60 words in {WIKITEXT2_VALID} (is ../shared/data there?)")
     results = [measure(checkpoint, texts, args.tokens) for checkpoint in args.checkpoints]
     table = print_table(["checkpoint", "first copy (nats/token)", "second copy", "gain", "<unk>"],
                         [[r["checkpoint"], f"{r['first_copy_loss']:.3f}", f"{r['second_copy_loss']:.3f}",

@@ -7,10 +7,11 @@ Two tables, one run per cell (seed 42, `scripts/finetune_classification.py`, dev
   split), from a pretrained `tiny` model (`--model`) and from scratch. `modeling_xl.finetuning.defaults` was chosen
   from it.
 - `--table defaults`: every argument at its default on each classification set there is: the built-in task,
-  `builtin-pairs` (same topic or not; `--text_pair_column sentence2`), `squad-pairs` (does this sentence answer this
-  question, from SQuAD, as GLUE's QNLI), `ud-genre` (cased UD English-EWT sentences by web genre) and SST-2, from each model of `--model` / `--unigram_model` and from scratch, beside
-  `benchmarks/bench_baselines.py`'s TF-IDF + logistic regression. `--sst2_rows N` trains SST-2 on N rows instead of
-  all 67,349 (the CPU budget).
+  `builtin-pairs` (same topic or not; `--text_pair_column sentence2`), `squad-pairs` (does this sentence answer
+  this question, from SQuAD, as GLUE's QNLI), `ud-genre` (cased UD English-EWT sentences by web genre) and SST-2,
+  from each model of `--model` / `--unigram_model` and from scratch (`--starts` picks one), beside
+  `benchmarks/bench_baselines.py`'s TF-IDF + logistic regression. `--sst2_rows N` trains SST-2 on N rows instead
+  of all 67,349 (the CPU budget).
 
 The pretrained models are the README's main command, `python scripts/pretrain.py --preset tiny --output_dir M`, and
 the same with `--tokenizer_type unigram` (the recommended tokenizer for text other than the pretraining corpus).

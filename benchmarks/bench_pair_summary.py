@@ -88,6 +88,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--output", default="benchmarks/results/pair_summary.json")
     args = parser.parse_args(argv)
+    if len(args.layers) != len(args.epochs):
+        parser.error(f"--layers {args.layers} and --epochs {args.epochs}: expected one epoch count per depth")
     set_threads(1)
     results = []
     for layers, epochs in zip(args.layers, args.epochs):
