@@ -60,7 +60,7 @@ def test_segment_by_segment_equals_one_pass(attn, overrides):
     torch.testing.assert_close(model(x, next_token_labels=nxt).loss, full.loss)
 
 
-def test_learns_to_copy_what_only_the_memory_holds():
+def test_learns_to_copy_what_only_the_memory_holds(one_thread):
     """Segment-level recurrence is usable, not only exact: each row's second segment repeats its first, which the
     second segment's forward sees only through the cached (detached, as in the paper) memory. After training, the
     repeat is predicted (loss near 0) while the first segment, random, stays at ln V; the same second segment after
