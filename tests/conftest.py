@@ -10,6 +10,14 @@ if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidi
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Under pytest-xdist every worker is a process with torch's default of one thread per core: `-n 2` on two cores runs
+# four threads on two. Each worker takes its share of the cores instead, and so do the scripts the tests start (they
+# inherit OMP_NUM_THREADS); an OMP_NUM_THREADS the caller set is kept.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _THREADS = max(1, len(os.sched_getaffinity(0)) // _WORKERS)
+    torch.set_num_threads(_THREADS)
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -475,8 +475,10 @@ def test_first_steps_of_the_tiny_preset_without_clipping_do_not_spike(tmp_path, 
 # ---------------------------------------------------------------- 7: a stalled rank ends the run in bounded time
 
 STALL_DRIVER = textwrap.dedent('''
-    """Two-process pretraining on the generated corpus; rank 1 stops itself (SIGSTOP) at its third step."""
-    import os, signal, sys
+    """Two-process pretraining on the generated corpus; rank 1 hangs at its third step (it sleeps and never joins
+    the step's all-reduce; a SIGSTOPped rank is the same stall, but the launcher's SIGTERM then waits its 30 s grace
+    before the SIGKILL)."""
+    import sys, time
     sys.path.insert(0, sys.argv.pop(1))
     import test_adversarial as t
     from modeling_xl.training import loop, parse_args, run_pretraining
@@ -485,7 +487,7 @@ STALL_DRIVER = textwrap.dedent('''
 
     def stalling(accelerator, *args, step, **kwargs):
         if step == 2 and accelerator.process_index == 1:
-            os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(3600)
         return step_fn(accelerator, *args, step=step, **kwargs)
 
     loop.train_step = stalling
