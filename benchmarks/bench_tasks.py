@@ -11,7 +11,7 @@ fine-tuned by transformers' own example scripts (`run_qa.py`, `run_ner.py`, `run
 `--runner ours` runs this project's scripts instead (`scripts/finetune_question_answering.py`,
 `finetune_token_classification.py`, `finetune_multiple_choice.py`; `--from_scratch` for the second column) on the
 same rows with the same budget (learning rate, 10% warmup, batch, epochs, sequence lengths, seed); their QA layout is
-question first for the causal backbone.
+question first for the causal backbone. `--starts pretrained` (or `scratch`) runs one of the two columns.
 
 `qa_question_first` repeats the QA run with the folders' tokenizer padding on the right, so that `run_qa.py` writes the
 question before the passage (what a causal model needs; with left padding it writes XLNet's passage-first layout).
@@ -221,6 +221,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--output", default=None, help="default: benchmarks/results/tasks.json, or tasks_ours.json")
     parser.add_argument("--runner", default="transformers", choices=["transformers", "ours"],
                         help="transformers' example scripts (default) or this project's task scripts")
+    parser.add_argument("--starts", nargs="+", choices=("pretrained", "scratch"), default=("pretrained", "scratch"),
+                        help="fine-tune from --model, from the same architecture with random weights, or both "
+                             "(default)")
     args = parser.parse_args(argv)
     if args.runner == "ours" and "qa_question_first" in args.tasks:
         parser.error("--runner ours: qa already reads the question first (the causal backbone's layout); "
@@ -247,10 +250,11 @@ def main(argv=None) -> dict:
                      "mc": mc_overlap_baseline(data["mc"]["dev"])}
         if args.runner == "ours":
             results = {task: {name: run_ours(task, model, work, work / f"{task}_{name}", name == "scratch",
-                                             len(data[task]["train"])) for name in ("pretrained", "scratch")}
+                                             len(data[task]["train"])) for name in args.starts}
                        for task in args.tasks}
         else:
-            starts = {"pretrained": model, "scratch": scratch_folder(model, work / "scratch")}
+            starts = {name: model if name == "pretrained" else scratch_folder(model, work / "scratch")
+                      for name in args.starts}
             results = {task: {name: run_task(scripts, task, folder, work, work / f"{task}_{name}")
                               for name, folder in starts.items()} for task in args.tasks}
     finally:
@@ -261,11 +265,18 @@ def main(argv=None) -> dict:
         base = baselines[task.split("_")[0]]
         qa = task.startswith("qa")
         base_text = f"EM {base['exact_match']:.1f} / F1 {base['f1']:.1f}" if qa else f"{base['accuracy']:.4f}"
-        fmt = (lambda r: f"EM {r[key[0]]:.1f} / F1 {r[key[1]]:.1f}") if qa else (lambda r: f"{r[key[0]]:.4f}")
+        def fmt(start: str) -> str:
+            if start not in results[task]:
+                return "not run"
+            r = results[task][start]
+            return f"EM {r[key[0]]:.1f} / F1 {r[key[1]]:.1f}" if qa else f"{r[key[0]]:.4f}"
+
+        walls = " / ".join(f"{results[task][s]['wall_s']:.0f}" if s in results[task] else "-"
+                           for s in ("pretrained", "scratch"))
         name = task.split("_")[0]
-        rows.append([task, len(data[name]["train"]), len(data[name]["dev"]), f"{unknown_token_report(tokenizer, texts[name])['share']:.1%}",
-                     fmt(results[task]["pretrained"]), fmt(results[task]["scratch"]), base_text,
-                     f"{results[task]['pretrained']['wall_s']:.0f} / {results[task]['scratch']['wall_s']:.0f}"])
+        rows.append([task, len(data[name]["train"]), len(data[name]["dev"]),
+                     f"{unknown_token_report(tokenizer, texts[name])['share']:.1%}", fmt("pretrained"), fmt("scratch"),
+                     base_text, walls])
     table = print_table(["task", "train rows", "dev rows", "<unk> share (train text)", "from --model",
                          "from scratch", "baseline", "wall s (pretrained / scratch)"], rows)
     ours = args.runner == "ours"
