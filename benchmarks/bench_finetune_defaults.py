@@ -1,6 +1,6 @@
 r"""Fine-tuning defaults chosen by held-out evaluation, and what they give beside the bag-of-words baseline.
 
-Two tables, one run per cell (seed 42, `scripts/finetune_classification.py`, dev accuracy):
+Two tables, one run per cell (seed 42, or `--seed`; `scripts/finetune_classification.py`, dev accuracy):
 
 - `--table grid`: the learning rate and epochs (warmup left to its default, 10% of the steps) on the built-in topic
   task and SST-2 (its first 4,000 training rows after the seeded shuffle, `--max_train_samples 4000`; the whole dev
@@ -69,9 +69,9 @@ def run_one(task: str, start: str, model: str, data: Path, extra: list[str], sst
             "seconds": round(seconds, 1), "extra": extra}
 
 
-def baselines_on_the_same_rows(sst2_rows: int | None) -> dict:
+def baselines_on_the_same_rows(sst2_rows: int | None, seed: int = 42) -> dict:
     """`bench_baselines`' TF-IDF + logistic regression and most frequent class, trained on the rows fine-tuning
-    trains on: SST-2's first `sst2_rows` after the script's seeded shuffle (`datasets` `shuffle(seed=42)`), the
+    trains on: SST-2's first `sst2_rows` after the script's seeded shuffle (`datasets` `shuffle(seed=seed)`), the
     other sets whole."""
     from collections import Counter
 
@@ -84,7 +84,7 @@ def baselines_on_the_same_rows(sst2_rows: int | None) -> dict:
             continue
         train, dev = data["train"], data["validation"]
         if task == "sst2" and sst2_rows:
-            keep = datasets.Dataset.from_dict({"i": list(range(len(train[0])))}).shuffle(seed=42)["i"][:sst2_rows]
+            keep = datasets.Dataset.from_dict({"i": list(range(len(train[0])))}).shuffle(seed=seed)["i"][:sst2_rows]
             train = ([train[0][i] for i in keep], [train[1][i] for i in keep])
         majority = Counter(train[1]).most_common(1)[0][0]
         out[task] = {"train": len(train[0]), "tfidf": bench_baselines.tfidf_logistic_regression(train, dev),
@@ -104,6 +104,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--sst2_rows", type=int, default=None, help="defaults table: SST-2 training rows (all)")
     parser.add_argument("--output", default=None)
     parser.add_argument("--fresh", action="store_true", help="ignore the rows already in --output")
+    parser.add_argument("--seed", type=int, default=42,
+                        help="defaults table: the fine-tuning seed, which also draws SST-2's --sst2_rows subset (and "
+                             "the baselines' rows with it)")
     args = parser.parse_args(argv)
     path = Path(args.output or REPO / "benchmarks" / "results" / f"finetune_{args.table}.json")
     rows = [] if args.fresh or not path.exists() else json.loads(path.read_text())["rows"]
@@ -125,7 +128,8 @@ def main(argv=None) -> dict:
         plan = [(task, start, args.model, ["--learning_rate", f"{lr:g}", "--num_train_epochs", str(epochs)], 4000)
                 for task in args.tasks or GRID_TASKS for start in ("pretrained", "scratch") for lr, epochs in GRID]
     else:
-        plan = [(task, start, model, [], args.sst2_rows) for task in args.tasks or DEFAULT_TASKS
+        seed = [] if args.seed == 42 else ["--seed", str(args.seed)]  # 42: the scripts' default
+        plan = [(task, start, model, seed, args.sst2_rows) for task in args.tasks or DEFAULT_TASKS
                 for model in models.values() for start in args.starts]
     done = {(r["task"], r["start"], r["model"], tuple(r["extra"])) for r in rows}
     for task, start, model, extra, sst2_rows in plan:
@@ -136,7 +140,7 @@ def main(argv=None) -> dict:
         rows.append(row)
         write_json(path, {"rows": rows})
     if args.table == "defaults":
-        baselines = baselines_on_the_same_rows(args.sst2_rows)
+        baselines = baselines_on_the_same_rows(args.sst2_rows, args.seed)
         print_table(["task", "train rows", "TF-IDF + logistic regression", "most frequent class",
                      "pairs: second text alone"],
                     [[task, b["train"], f"{b['tfidf']:.4f}", f"{b['majority']:.4f}",
