@@ -105,7 +105,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--output", default=None)
     parser.add_argument("--fresh", action="store_true", help="ignore the rows already in --output")
     parser.add_argument("--seed", type=int, default=42,
-                        help="defaults table: the fine-tuning seed, which also draws SST-2's --sst2_rows subset (and "
+                        help="the fine-tuning seed, which also draws SST-2's training subset (and, defaults table, "
                              "the baselines' rows with it)")
     args = parser.parse_args(argv)
     path = Path(args.output or REPO / "benchmarks" / "results" / f"finetune_{args.table}.json")
@@ -124,11 +124,12 @@ def main(argv=None) -> dict:
 
     models = {"word": args.model, **({"unigram": args.unigram_model} if args.unigram_model else {})}
     # from scratch: the same architecture and tokenizer as each model, random weights
+    seed = [] if args.seed == 42 else ["--seed", str(args.seed)]  # 42, the script's default, keeps the rows' keys
     if args.table == "grid":
-        plan = [(task, start, args.model, ["--learning_rate", f"{lr:g}", "--num_train_epochs", str(epochs)], 4000)
+        plan = [(task, start, args.model, ["--learning_rate", f"{lr:g}", "--num_train_epochs", str(epochs), *seed],
+                 4000)
                 for task in args.tasks or GRID_TASKS for start in ("pretrained", "scratch") for lr, epochs in GRID]
     else:
-        seed = [] if args.seed == 42 else ["--seed", str(args.seed)]  # 42: the scripts' default
         plan = [(task, start, model, seed, args.sst2_rows) for task in args.tasks or DEFAULT_TASKS
                 for model in models.values() for start in args.starts]
     done = {(r["task"], r["start"], r["model"], tuple(r["extra"])) for r in rows}
