@@ -2,7 +2,7 @@
 
 Long segments (tgt_len = mem_len = 512) and 8 layers of 8 narrow heads: the regime where checkpointing matters,
 with large attention score tensors ([B, H, T, M+T] per layer; the fused attention keeps none of them for backward
-and builds them in blocks of at most 4 MiB, `fused_attention.SCORE_BLOCK_BYTES`). Each measurement is a fresh
+and builds them in blocks of at most 4 MiB, `relative_attention_cpu.SCORE_BLOCK_BYTES`). Each measurement is a fresh
 process; the two variants alternate `--repeats` times and the medians are compared. The cut is measured on the tensor
 peak (everything alive at the step's peak, weights and Adam state included: `causal_lm_worker.tensor_peak`); the
 growth of resident memory over the steps (weights excluded, allocator slack included: common.py) is printed beside

@@ -12,7 +12,7 @@ makes the same number of steps).
 
 Weights. GPT-2 and the legacy model compute every logit at every step, so their speed does not depend on their
 (random, seeded) weights. Ours does: greedy decoding skips the tail clusters of the adaptive softmax that cannot hold
-the best token (`softmax_kernels.argmax_log_probs`), which depends on what the model predicts. So ours is timed
+the best token (`adaptive_softmax_fused.argmax_log_probs`), which depends on what the model predicts. So ours is timed
 twice: with random weights (every cluster is about as likely as the best word: nothing is skipped) and after
 `--train-steps` (300) Adam steps on WikiText-2 train (batches 8 x 128, memory carried, lr 1e-3, about 5 minutes;
 the checkpoint is kept in `--trained-dir` and reused by later runs).

@@ -7,7 +7,7 @@ same maths:
 
 - `hidden @ table^T` (`F.linear(hidden, table, bias)`, what a plain `nn.Linear` does);
 - `table @ hidden^T` (`torch.addmm(bias[:, None], table, hidden.t())`, the table as the left operand);
-- ours (`softmax_kernels.few_row_logits`, what `AdaptiveLogSoftmax.cluster_logits` runs for few rows:
+- ours (`adaptive_softmax_fused.few_row_logits`, what `AdaptiveLogSoftmax.cluster_logits` runs for few rows:
   `table @ hidden^T`, one row multiplied as two copies of itself, output made contiguous as with gradients).
 
 Tables of the d_model 256 benchmark shape (33,278 words, cutoffs 2k/10k/20k: head 2,003 rows, tails 8,000 / 10,000
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table, set_threads, write_json  # noqa: E402
 
-from modeling_xl.softmax_kernels import few_row_logits  # noqa: E402
+from modeling_xl.adaptive_softmax_fused import few_row_logits  # noqa: E402
 
 
 def cold_ms(fn, flush: torch.Tensor, repeats: int) -> float:

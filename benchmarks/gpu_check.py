@@ -181,8 +181,9 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def check_attention(check: Check, dtypes) -> dict:
-    from modeling_xl.relative_attention import attention_function, relative_attention
-    from modeling_xl.triton_relative_attention import available
+    from modeling_xl.kernel_registry import kernel
+    from modeling_xl.relative_attention import relative_attention
+    from modeling_xl.relative_attention_triton import available
 
     device, out = check.device, {}
     impls = ["sdpa"] + (["triton"] if available(device.type) else [])
@@ -199,7 +200,8 @@ def check_attention(check: Check, dtypes) -> dict:
             for impl in impls:
                 if impl == "triton" and check.dry and dtype != torch.float32:
                     continue  # the interpreter computes in numpy: float32 is what it can check
-                got, _ = attention_function(impl, device.type)(*inputs, mask, qlen - 1)
+                attention = kernel(f"relative_attention.{impl}", device.type) or relative_attention
+                got, _ = attention(*inputs, mask, qlen - 1)
                 got_grads = torch.autograd.grad(got, inputs, grad.to(got.dtype))
                 forward = relative_error(got, want)
                 backward = max(relative_error(g, w) for g, w in zip(got_grads, want_grads))
@@ -249,7 +251,7 @@ def check_adaptive_softmax(check: Check, dtypes) -> dict:
 def check_models(check: Check) -> dict:
     """Whole models in fp32: each fast path's loss and gradients against the eager run of the same weights."""
     from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM
-    from modeling_xl.triton_relative_attention import available
+    from modeling_xl.relative_attention_triton import available
 
     device, out = check.device, {}
     x = torch.randint(2, 97, (2, 24), device=device)
@@ -528,9 +530,10 @@ def gpt2_side(check, sizes: dict) -> dict:
 def attention_timing(check: Check, sizes: dict) -> dict:
     """Milliseconds of one attention call, forward + backward, at the training shape of (c) (wt103-base: 10 heads
     of 41, tgt = mem = 192, batch 32, causal, bf16 on CUDA): SDPA with the position bias, and the Triton kernel at
-    each tile size (`triton_relative_attention.TILES`)."""
-    from modeling_xl import triton_relative_attention as tra
-    from modeling_xl.relative_attention import attention_function, causal_mask
+    each tile size (`relative_attention_triton.TILES`)."""
+    from modeling_xl import relative_attention_triton as tra
+    from modeling_xl.kernel_registry import kernel
+    from modeling_xl.relative_attention import causal_mask, relative_attention
 
     device = check.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -546,8 +549,10 @@ def attention_timing(check: Check, sizes: dict) -> dict:
         if tile is not None:
             tra.TILES[device.type] = tile
 
+        attention = kernel(f"relative_attention.{impl}", device.type) or relative_attention
+
         def call():
-            result, _ = attention_function(impl, device.type)(*inputs, mask, qlen - 1)
+            result, _ = attention(*inputs, mask, qlen - 1)
             torch.autograd.grad(result, inputs, grad)
 
         try:
@@ -569,7 +574,7 @@ def attention_timing(check: Check, sizes: dict) -> dict:
 
 
 def section_throughput(check: Check) -> dict:
-    from modeling_xl.triton_relative_attention import available
+    from modeling_xl.relative_attention_triton import available
 
     sizes = SIZES["dry" if check.dry else "real"]
     device = check.device
@@ -621,7 +626,7 @@ def section_throughput(check: Check) -> dict:
 # ---------------------------------------------------------------------------------------------------------- (d)
 def section_evaluation(check: Check) -> dict:
     from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
-    from modeling_xl.triton_relative_attention import available
+    from modeling_xl.relative_attention_triton import available
 
     sizes = SIZES["dry" if check.dry else "real"]
     device, batch, tgt = check.device, sizes["eval_batch"], sizes["eval_tgt"]

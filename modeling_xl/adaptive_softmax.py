@@ -12,7 +12,7 @@ A projection weight is [d_model, d_emb_i]: the input uses `emb @ W^T`, the outpu
 
 This file is the maths: `AdaptiveLogSoftmax.log_probs` (every log-probability, one line per term of the
 factorisation) and `AdaptiveLogSoftmax.nll` (per target, plain ops). `forward` runs the kernels of
-`softmax_kernels` where `kernels` has them (training's NLL through custom autograd nodes, generation's distribution
+`adaptive_softmax_fused` where `kernel_registry` has them (training's NLL through custom autograd nodes, generation's distribution
 written once), checked against these references in tests/test_adaptive_softmax.py.
 """
 
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import kernel
+from .kernel_registry import kernel
 from .precision import at_least_float32
 
 
@@ -168,7 +168,7 @@ class AdaptiveLogSoftmax(nn.Module):
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """NLL [N] (0 where target == -100) when `targets` [N] is given, else log-probs [N, V] (float32): `nll` and
-        `log_probs` below, or their kernels (`kernels`: "adaptive_softmax_nll", "adaptive_log_probs")."""
+        `log_probs` below, or their kernels (`kernel_registry`: "adaptive_softmax_nll", "adaptive_log_probs")."""
         operation = "adaptive_log_probs" if targets is None else "adaptive_softmax_nll"
         fast = kernel(operation, hidden.device.type)
         out = None if fast is None else fast(self, hidden) if targets is None else fast(self, hidden, targets)

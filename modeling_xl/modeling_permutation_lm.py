@@ -37,7 +37,8 @@ from transformers.utils import ModelOutput
 
 from .configuration_transformer_xl import TransformerXLConfig
 from .input_checks import ids_in_range, require
-from .kernels import Dropout, kernel
+from .dropout import Dropout
+from .kernel_registry import kernel
 from .modeling_transformer_xl import (
     PositionwiseFF,
     TransformerXLModelOutput,

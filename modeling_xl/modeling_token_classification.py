@@ -22,7 +22,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from .configuration_transformer_xl import TransformerXLConfig
-from .kernels import Dropout
+from .dropout import Dropout
 from .task_model import TransformerXLTaskModel, check_class_ids
 
 

@@ -37,7 +37,9 @@ from .configuration_transformer_xl import TransformerXLConfig
 from .inference_cache import ProjectionCache
 from .inference_cache import enabled as cache_enabled
 from .input_checks import extreme_id, ids_in_range, require
-from .kernels import Dropout, LayerNorm, kernel, relu_dropout
+from .dropout import Dropout, relu_dropout
+from .kernel_registry import kernel
+from .layer_norm import LayerNorm
 from .relative_attention import RelativeMultiHeadAttention
 from .relative_positions import causal_mask, relative_positions, sinusoid_table
 from .size_estimate import check_model_fits
@@ -76,7 +78,7 @@ def memory_gradient():
     segments that wrote its memory (backpropagation through every segment read). For one label per long document
     (`TransformerXLForSequenceClassification.forward_long`), where no earlier segment has a loss of its own; the
     activations of every segment are then kept until backward. Not read inside `torch.compile`d code (which keeps
-    the memory detached), as `kernels.reference_only` is not."""
+    the memory detached), as `kernel_registry.reference_only` is not."""
     token = _MEMORY_GRADIENT.set(True)
     try:
         yield
@@ -259,8 +261,8 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
         """transformers' check of `attn_implementation`, plus "triton": the flash-style relative attention
-        (`triton_relative_attention`, opt-in; where it cannot run, the default path: see
-        `relative_attention.attention_implementation`)."""
+        (`relative_attention_triton`, opt-in; where it cannot run, the default path: see
+        `kernel_registry.attention_implementation`)."""
         if requested_attention == "triton":
             return requested_attention
         return super().get_correct_attn_implementation(requested_attention, is_init_check)

@@ -14,10 +14,9 @@ Why `rel_shift`: the position term is computed against all R distances at once, 
 row is then moved to its own distances: O(T R D) work instead of gathering a [T, K, D] tensor of position vectors.
 
 `relative_attention` below is the reference, one line per term; the pure functions it uses (`rel_shift`, the
-sinusoid table, the causal mask) are in `relative_positions`. `attention_implementation` is the one place that picks
-how attention runs: the reference ("eager") or one of its kernels (`kernels`: the fused autograd nodes of
-`fused_attention` on the CPU, SDPA with the position bias, the Triton kernel); tests check every kernel against the
-reference.
+sinusoid table, the causal mask) are in `relative_positions`. Which implementation runs, the reference ("eager") or
+one of its kernels (`relative_attention_cpu`, `_sdpa`, `_triton`), is `kernel_registry.attention_kernel`'s one
+lookup; tests check every kernel against the reference.
 """
 
 from __future__ import annotations
@@ -28,11 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .dropout import Dropout, dropout
 from .inference_cache import AppendRoom, ProjectionCache
-from .kernels import Dropout, LayerNorm, dropout, kernel
+from .kernel_registry import attention_kernel
+from .layer_norm import LayerNorm
 from .precision import at_least_float32
 from .relative_positions import causal_mask, rel_shift, relative_positions, sinusoid_table  # noqa: F401 (re-exported)
-from .triton_relative_attention import available as triton_available
 
 
 def masked_softmax_attention(scores: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
@@ -62,47 +62,6 @@ def relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_p: floa
     return masked_softmax_attention(ac + bd, value, mask, dropout_p)
 
 
-# the names a user may request (`attn_implementation=...`): the plain maths, the default, and the Triton kernel
-REQUESTABLE = ("eager", "sdpa", "triton")
-
-
-def attention_implementation(requested: str | None, dropout_p: float, output_attentions: bool,
-                             device_type: str = "cpu", streams: bool = False) -> str:
-    """The one place that picks how attention runs: "eager", "fused", "sdpa" or "triton".
-
-    `requested` is `config._attn_implementation` (`from_pretrained(..., attn_implementation="eager")`,
-    `model.set_attn_implementation("eager")`). "eager" runs the reference (`relative_attention`, the two streams'
-    `two_stream_attention`), with gradients too: the plain maths, the fallback that is always there. Returned
-    probabilities (`output_attentions`) also need it: the fast paths never keep them.
-    "triton" (opt-in) runs the flash-style kernel of `triton_relative_attention` where it can: Transformer-XL's
-    stream (not XLNet's two, `streams`), no attention dropout, on CUDA (or the CPU under TRITON_INTERPRET=1); elsewhere
-    the default below.
-    The default ("sdpa", or nothing requested) depends on the device. On the CPU: "fused" (`fused_attention`) with
-    gradients, and without them when there is attention dropout (reentrant activation checkpointing runs the forward
-    under no_grad and recomputes it with gradients: both must draw the same masks); "sdpa" without gradients, and
-    under torch.compile, which traces plain ops and fuses them itself. On other devices (CUDA): "sdpa" always, with
-    the position and segment terms as SDPA's additive bias (its fused CUDA kernels take a bias with a gradient); the
-    fused nodes were written for the CPU's memory and loop over score blocks in Python.
-    """
-    if requested == "eager" or output_attentions:
-        return "eager"
-    if requested == "triton" and not streams and dropout_p == 0 and triton_available(device_type):
-        return "triton"
-    if device_type != "cpu":
-        return "sdpa"
-    if (torch.is_grad_enabled() or dropout_p > 0) and not torch.compiler.is_compiling():
-        return "fused"
-    return "sdpa"
-
-
-def attention_function(implementation: str, device_type: str):
-    """The function that runs `implementation` (`attention_implementation`'s answer) on `device_type`: the reference
-    for "eager", else the registered kernel (the reference where none is)."""
-    if implementation == "eager":
-        return relative_attention
-    return kernel(f"relative_attention.{implementation}", device_type) or relative_attention
-
-
 class RelativeMultiHeadAttention(nn.Module):
     """Transformer-XL attention sublayer with its residual connection and LayerNorm (pre- or post-norm).
 
@@ -125,7 +84,7 @@ class RelativeMultiHeadAttention(nn.Module):
         if config.untie_r:
             self.r_w_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
             self.r_r_bias = nn.Parameter(torch.zeros(config.n_head, config.d_head))
-        self.config = config  # its `_attn_implementation` is read at every call (`attention_implementation`)
+        self.config = config  # its `_attn_implementation` is read at every call (`kernel_registry.attention_kernel`)
         # without gradients: keys/values of the memory and the projected position table, reused (inference_cache)
         self.memory_cache = ProjectionCache()
         self.position_cache = ProjectionCache()
@@ -230,8 +189,7 @@ class RelativeMultiHeadAttention(nn.Module):
         q, key, value = self.project(h, mem, use_cache)  # [B, H, T, D], [B, H, K, D], [B, H, K, D]
         r = self.project_positions(pos_emb, use_cache)  # W_R R, [H, R, D]
         dropout_p = self.dropatt if self.training else 0.0
-        implementation = attention_implementation(self.config._attn_implementation, dropout_p, output_attentions,
-                                                  h.device.type)
-        attention = attention_function(implementation, h.device.type)
+        _, attention = attention_kernel(self.config._attn_implementation, dropout_p, output_attentions, h.device.type)
+        attention = attention or relative_attention  # no kernel: the reference
         attn_vec, probs = attention(q, key, value, r, u, v, attn_mask, h.size(1) - 1, dropout_p)  # shift T - 1
         return self.merge(h, attn_vec), (probs if output_attentions else None)

@@ -21,7 +21,7 @@ from transformers.utils import ModelOutput
 
 from .backbones import backbone_class
 from .configuration_transformer_xl import TransformerXLConfig
-from .kernels import Dropout
+from .dropout import Dropout
 from .modeling_transformer_xl import TransformerXLPreTrainedModel
 
 

@@ -17,7 +17,7 @@ The content stream's mask always shows the diagonal. Score of a query at positio
            content "ac"        position "bd"               segment "ef"
 The last term is XLNet's relative segment encoding (Sec. 2.5): only *whether* two tokens share a segment matters, and
 memory counts as segment 0. `two_stream_attention` is the reference for one stream, one line per term;
-`TwoStreamAttention.attend_stream` runs it or the fast path (`relative_attention.attention_implementation` decides),
+`TwoStreamAttention.attend_stream` runs it or the fast path (`kernel_registry.attention_kernel` decides),
 and `forward` calls it for both streams.
 """
 
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import kernel
-from .relative_attention import RelativeMultiHeadAttention, attention_implementation, masked_softmax_attention
+from .kernel_registry import attention_kernel, kernel
+from .relative_attention import RelativeMultiHeadAttention, masked_softmax_attention
 from .relative_positions import rel_shift
 
 
@@ -169,19 +169,19 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
         """One stream's attention vectors: q [B, H, Tq, D] its queries, k/v [B, H, K, D] from [mem; h], r
         [S, H, R, D] (rows [B/2, B) use the second table when S = 2). Returns ([B, H, Tq, D], probs or None)."""
         dropout_p = self.dropatt if self.training else 0.0
-        implementation = attention_implementation(self.config._attn_implementation, dropout_p, output_attentions,
-                                                  q.device.type, streams=True)
+        implementation, attention = attention_kernel(self.config._attn_implementation, dropout_p, output_attentions,
+                                                     q.device.type, streams=True)
         if implementation == "eager":
             attn_vec, probs = two_stream_attention(q, k, v, r, biases, self.seg_embed, shift, stream, dropout_p)
         else:
-            attn_vec, probs = self.fast_attention(q, k, v, r, biases, shift, stream, dropout_p, implementation), None
+            attn_vec, probs = self.fast_attention(q, k, v, r, biases, shift, stream, dropout_p, attention), None
         if stream.present is not None:
             attn_vec = attn_vec * stream.present[:, None, :, None].to(attn_vec.dtype)
         return attn_vec, (probs if output_attentions else None)
 
-    def fast_attention(self, q, k, v, r, biases, shift: int, stream: Stream, dropout_p: float, implementation: str):
+    def fast_attention(self, q, k, v, r, biases, shift: int, stream: Stream, dropout_p: float, attention):
         """`two_stream_attention`'s output (tested against it), the score terms summed into one bias for the
-        "biased_attention" kernel of `implementation` ("fused": one autograd node on the CPU; "sdpa"). The content
+        "biased_attention" kernel `attention` ("fused": one autograd node on the CPU; "sdpa"; None: plain ops). The content
         stream's position term is the "shifted_position_scores" kernel (one node, no padded copy, one gradient
         buffer); with one table, products are taken per head over all batch rows ("position_product")."""
         r_w_bias, r_r_bias, r_s_bias = biases
@@ -196,7 +196,6 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
             bd = shift_to_keys(bd, klen, shift, stream.positions)  # [B, H, Tq, R] -> [B, H, Tq, K]
         if stream.mismatch is not None:
             bd = segment_scores(q, r_s_bias, self.seg_embed, stream.mismatch).add_(bd)  # a new tensor: add in place
-        attention = kernel(f"biased_attention.{implementation}", device)
         if attention is None:  # no kernel (reference_only): the plain softmax of the same score sum
             return masked_softmax_attention(torch.matmul(q + r_w_bias[:, None], k.transpose(-1, -2)) + bd, v,
                                             stream.mask, dropout_p)[0]

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from modeling_xl import TransformerXLConfig
 from modeling_xl.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
-from modeling_xl.softmax_kernels import GatheredLogSoftmax, argmax_log_probs, deferred_table_gradient
+from modeling_xl.adaptive_softmax_fused import GatheredLogSoftmax, argmax_log_probs, deferred_table_gradient
 
 
 def make(div_val=2, cutoffs=(20, 50), d_embed=16, d_model=16, vocab=97):
@@ -110,7 +110,7 @@ def test_gathered_log_softmax_gradients():
 def test_gathered_log_softmax_consuming_its_logits():
     """`consume=True` writes the log-probabilities over the logits (a product's output): same values and gradients
     as the plain ops, in row blocks smaller than the table, with a gradient on the returned log-probabilities too."""
-    import modeling_xl.softmax_kernels as adaptive
+    import modeling_xl.adaptive_softmax_fused as adaptive
 
     torch.manual_seed(0)
     weight = torch.randn(5, 3000, dtype=torch.float64, requires_grad=True)  # rows of 24,000 bytes: 174 per block
@@ -174,7 +174,7 @@ def test_deferred_table_gradient_equals_immediate(d_embed):
     step; every gradient must equal the one the softmax computes itself (used twice, with a -100 target). The head
     (20 rows x 16 against 21 tokens' 22 logits and 16 states) is multiplied out at once, the tails are kept as their
     logits' gradients and states: both kinds of deferred piece, each written and then accumulated."""
-    from modeling_xl.softmax_kernels import TableGradient
+    from modeling_xl.adaptive_softmax_fused import TableGradient
 
     class Spy(TableGradient):
         kinds = set()
@@ -205,7 +205,7 @@ def test_deferred_table_gradient_equals_immediate(d_embed):
 def test_deferred_table_gradient_over_several_backward_passes():
     """Per backward pass: a pass that never reaches the lookup (`autograd.grad` of another input, graph retained)
     leaves nothing behind for the next one, and two full passes give twice the gradient."""
-    from modeling_xl.softmax_kernels import TableGradient, embedding_lookup, tied_output_logits
+    from modeling_xl.adaptive_softmax_fused import TableGradient, embedding_lookup, tied_output_logits
 
     torch.manual_seed(0)
     embedding, output = torch.nn.Embedding(10, 4).double(), torch.nn.Linear(4, 10).double()
@@ -272,7 +272,7 @@ def _fsdp2_worker(rank: int, world: int, port: int, head: str, result_path: str)
 
     from small_lms import lm_batch, small_lm
 
-    import modeling_xl.softmax_kernels as adaptive_softmax
+    import modeling_xl.adaptive_softmax_fused as adaptive_softmax
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

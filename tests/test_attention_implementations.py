@@ -9,6 +9,7 @@ import torch
 
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM
 from modeling_xl import relative_attention
+from modeling_xl.kernel_registry import REGISTRY
 from modeling_xl.two_stream_attention import (
     Stream,
     TwoStreamAttention,
@@ -145,7 +146,9 @@ def test_two_stream_fast_path_matches_the_reference(implementation, mlen, tables
     inputs = [x["k"], x["v"], x["r"], *biases, layer.seg_embed]
     for q, stream in ((x["h"], content), (x["g"], query)):
         want, _ = two_stream_attention(q, x["k"], x["v"], x["r"], biases, layer.seg_embed, T, stream)
-        got = layer.fast_attention(q, x["k"], x["v"], x["r"], biases, T, stream, 0.0, implementation)
+        kernel = REGISTRY[f"biased_attention.{implementation}"]
+        got = layer.fast_attention(q, x["k"], x["v"], x["r"], biases, T, stream, 0.0,
+                                   kernel.get("cpu", kernel.get("*")))
         torch.testing.assert_close(got, want)
         grad = torch.randn_like(got)
         wrt = [q, *inputs]  # without segments, r_s_bias and seg_embed get no gradient (zeros here)

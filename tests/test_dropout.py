@@ -1,12 +1,12 @@
-"""Dropout (`kernels.dropout`, and its CPU kernel modeling_xl/dropout.py): mask statistics, seeding, and gradients
+"""Dropout (`dropout.dropout`, and its CPU kernel modeling_xl/dropout_cpu.py): mask statistics, seeding, and gradients
 against the plain ops."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from modeling_xl.dropout import keep_mask
-from modeling_xl.kernels import Dropout, dropout, relu_dropout
+from modeling_xl.dropout import Dropout, dropout, relu_dropout
+from modeling_xl.dropout_cpu import keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -109,7 +109,7 @@ def test_keep_mask_on_other_devices_uses_uniform_floats():
 def test_apply_keep_equals_bool_arithmetic(inplace, dtype):
     """apply_keep multiplies by the mask's bytes; the result is x * keep * scale, broadcasting included, and the
     mask's bytes are exactly 0 or 1 (it is a bool view of integer arithmetic)."""
-    from modeling_xl.dropout import apply_keep
+    from modeling_xl.dropout_cpu import apply_keep
 
     torch.manual_seed(0)
     keep, scale = keep_mask((4, 1, 6), 0.3)

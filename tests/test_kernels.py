@@ -1,4 +1,4 @@
-"""The kernel table (`modeling_xl/kernels.py`): lookups, `reference_only`, whole models with and without kernels, and
+"""The kernel table (`modeling_xl/kernel_registry.py`): lookups, `reference_only`, whole models with and without kernels, and
 the generation kernels of the adaptive softmax against `AdaptiveLogSoftmax.log_probs`. The other kernels have their
 own files (see docs/kernels.md)."""
 
@@ -13,10 +13,11 @@ from modeling_xl import (
     TransformerXLForPermutationLM,
     TransformerXLModel,
     TransformerXLPermutationModel,
-    kernels,
 )
+from modeling_xl import kernel_registry as kernels
+from modeling_xl.layer_norm import LayerNorm
 from modeling_xl.adaptive_softmax import AdaptiveLogSoftmax
-from modeling_xl.softmax_kernels import full_log_probs, greedy_decoding
+from modeling_xl.adaptive_softmax_fused import full_log_probs, greedy_decoding
 
 
 def test_lookup_by_device_and_for_every_device():
@@ -35,7 +36,7 @@ def test_register_and_remove_a_kernel():
     original = kernels.kernel("layer_norm", "cpu")
     kernels.register_kernel("layer_norm", "cpu", lambda module, x: calls.append(x.shape) or original(module, x))
     try:
-        norm = kernels.LayerNorm(4)
+        norm = LayerNorm(4)
         out = norm(torch.randn(2, 4))
         assert calls == [torch.Size([2, 4])]
         kernels.register_kernel("layer_norm", "cpu", None)  # removed: the reference runs

@@ -1,11 +1,11 @@
-"""The LayerNorm that keeps its output for backward (modeling_xl/layer_norm.py) against torch's."""
+"""The LayerNorm that keeps its output for backward (modeling_xl/layer_norm_cpu.py) against torch's."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from modeling_xl.kernels import LayerNorm
-from modeling_xl.layer_norm import OutputSavingLayerNorm
+from modeling_xl.layer_norm import LayerNorm
+from modeling_xl.layer_norm_cpu import OutputSavingLayerNorm
 
 
 def _norm(d=48, dtype=torch.float64, seed=0):

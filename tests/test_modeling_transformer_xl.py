@@ -635,7 +635,7 @@ def test_greedy_generate_with_argmax_only_log_probs_equals_the_plain_path(cluste
     model = spiced(model_for(mem_len=6, cutoffs=[20, 50]))
     with torch.no_grad():
         model.lm_head.cluster_bias.fill_(cluster_bias)
-    from modeling_xl import softmax_kernels
+    from modeling_xl import adaptive_softmax_fused as softmax_kernels
 
     calls = []
     fast = softmax_kernels.argmax_log_probs

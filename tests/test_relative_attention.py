@@ -1,21 +1,16 @@
-"""The attention maths against naive loops, and every fast path (`fused_attention`, SDPA) against the library's
+"""The attention maths against naive loops, and every fast path (`relative_attention_cpu`, SDPA) against the library's
 reference `relative_attention`, forward and backward."""
 
 import pytest
 import torch
 
-from modeling_xl import fused_attention
-from modeling_xl.fused_attention import (
-    FusedBiasedAttention,
-    FusedRelativeAttention,
-    ShiftedPositionScores,
-    fused_relative_attention,
-)
-from modeling_xl.kernels import REGISTRY
-from modeling_xl.relative_attention import attention_function, attention_implementation, masked_softmax_attention
-from modeling_xl.relative_attention import relative_attention
+from modeling_xl import relative_attention_cpu
+from modeling_xl.kernel_registry import REGISTRY, attention_implementation, attention_kernel
+from modeling_xl.position_scores_fused import ShiftedPositionScores
+from modeling_xl.relative_attention import masked_softmax_attention, relative_attention
+from modeling_xl.relative_attention_cpu import FusedBiasedAttention, FusedRelativeAttention, fused_relative_attention
+from modeling_xl.relative_attention_sdpa import sdpa_attention
 from modeling_xl.relative_positions import causal_mask, rel_shift, relative_positions, sinusoid_table
-from modeling_xl.sdpa_attention import sdpa_attention
 
 
 def naive_shift(x, klen, shift):
@@ -180,7 +175,9 @@ def test_attention_implementation_is_chosen_in_one_place():
     assert attention_implementation("triton", 0.1, False, "cpu") == "fused"
     assert attention_implementation("triton", 0.0, False, "cuda", streams=True) == "sdpa"
     assert {op.split(".")[1] for op in REGISTRY if op.startswith("relative_attention.")} == {"fused", "sdpa", "triton"}
-    assert attention_function("eager", "cpu") is relative_attention
+    assert attention_kernel("eager", 0.0, False) == ("eager", None)  # the caller runs its reference
+    assert attention_kernel("sdpa", 0.0, False, "cuda")[1] is REGISTRY["relative_attention.sdpa"]["*"]
+    assert attention_kernel(None, 0.0, False, "cuda", streams=True)[1] is REGISTRY["biased_attention.sdpa"]["*"]
 
 
 def relative_args(B=2, H=3, T=5, M=4, D=8, rows=0, seed=0):
@@ -216,7 +213,8 @@ def test_fast_paths_match_the_reference_forward_and_backward(implementation, mle
     B, T = 2, 5
     args = relative_args(B=B, T=T, M=mlen)
     mask = mask_of(mask_kind, B, T, mlen)
-    out, _ = attention_function(implementation, "cpu")(*args, mask, T - 1)
+    kernel = REGISTRY[f"relative_attention.{implementation}"]
+    out, _ = kernel.get("cpu", kernel.get("*"))(*args, mask, T - 1)
     want, _ = relative_attention(*args, mask, T - 1)
     torch.testing.assert_close(out, want)
     if implementation == "sdpa" and mask_kind == "fully_masked_row":
@@ -249,7 +247,7 @@ def test_fused_relative_attention_matches_unfused_with_gradients(mask_kind, extr
 def test_fused_relative_attention_dropout_draws_the_references_mask():
     """With attention dropout, the fused node and the reference draw the same keep-mask from the same seed (so a
     model gives the same training run on either path); forward and backward agree."""
-    from modeling_xl.dropout import keep_mask
+    from modeling_xl.dropout_cpu import keep_mask
 
     B, H, T, M, D, p = 2, 2, 4, 3, 8, 0.3
     K = T + M
@@ -291,7 +289,7 @@ def test_fused_biased_attention_matches_attend_with_gradients(bias_shape, with_m
 
 
 def test_fused_biased_attention_dropout_uses_the_package_mask():
-    from modeling_xl.dropout import keep_mask
+    from modeling_xl.dropout_cpu import keep_mask
 
     B, H, T, K, D, p = 1, 2, 4, 6, 8, 0.25
     q, k, v = (torch.randn(B, H, n, D, dtype=torch.double, requires_grad=True) for n in (T, K, K))
@@ -350,7 +348,7 @@ def test_shifted_position_scores_matches_rel_shift_with_gradients(tables, rlen, 
 
 
 def test_score_blocks_cover_every_pair_once_in_contiguous_blocks():
-    from modeling_xl.fused_attention import SCORE_BLOCK_BYTES, score_blocks
+    from modeling_xl.relative_attention_cpu import SCORE_BLOCK_BYTES, score_blocks
 
     per_pair = SCORE_BLOCK_BYTES // 4  # bytes of one (row, head) pair's scores: 4 pairs fit a block
     for batch, heads in [(3, 2), (2, 8), (1, 3), (5, 1)]:
@@ -370,11 +368,11 @@ def test_fused_relative_attention_in_blocks_matches_unfused(monkeypatch, block_p
     """Forced into blocks of whole batch rows (4 pairs per block, 4 heads) or of head ranges within a row (2 or 3
     pairs): output and gradients equal the unfused ops, with dropout (each block's keep-mask taken from one full mask
     in block order) and a per-row padding mask."""
-    from modeling_xl.fused_attention import score_blocks
+    from modeling_xl.relative_attention_cpu import score_blocks
 
     B, H, T, M, D, p = 3, 4, 4, 3, 8, 0.3
     K = T + M
-    monkeypatch.setattr(fused_attention, "SCORE_BLOCK_BYTES", block_pairs * T * K * 8)
+    monkeypatch.setattr(relative_attention_cpu, "SCORE_BLOCK_BYTES", block_pairs * T * K * 8)
     blocks = score_blocks(B, H, T, K, 8)
     assert len(blocks) > 1
     mask = causal_mask(T, M)[None, None].expand(B, 1, T, K).clone()
@@ -382,7 +380,7 @@ def test_fused_relative_attention_in_blocks_matches_unfused(monkeypatch, block_p
     torch.manual_seed(3)
     full_keep = torch.rand(B, H, T, K) > p
     order = iter(blocks)
-    monkeypatch.setattr(fused_attention, "keep_mask",
+    monkeypatch.setattr(relative_attention_cpu, "keep_mask",
                         lambda shape, rate, device=None: (full_keep[next(order)], 1 / (1 - p)))
     args = [torch.randn(B, H, T, D, dtype=torch.double, requires_grad=True)]
     args += [torch.randn(H, D, dtype=torch.double, requires_grad=True) for _ in range(2)]
@@ -405,7 +403,7 @@ def test_hidden_equals_masked_fill(dtype):
     """`Hidden.hide_` is masked_fill(mask, finfo.min) and `zero_` masked_fill(mask, 0), in the scores' own dtype (no
     overflow to -inf, even for the most negative finite scores), the mask broadcast over heads; in float16 an
     overflowed (inf) score at a hidden key is hidden too, not turned into NaN."""
-    from modeling_xl.fused_attention import Hidden
+    from modeling_xl.relative_attention_cpu import Hidden
 
     torch.manual_seed(0)
     x = (torch.randn(2, 3, 5, 7) * 100).to(dtype)
@@ -424,7 +422,7 @@ def test_hidden_equals_masked_fill(dtype):
 
 @pytest.mark.parametrize("layout", ["head_major", "batch_major", "block"])
 def test_position_product_equals_broadcast_matmul(layout):
-    from modeling_xl.fused_attention import head_major, position_product
+    from modeling_xl.position_scores_fused import head_major, position_product
 
     torch.manual_seed(0)
     B, H, T, D, R = 3, 4, 5, 6, 9

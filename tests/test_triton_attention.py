@@ -18,12 +18,13 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (pip install triton; the dev extra has it)", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"
 
-from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, kernels  # noqa: E402
-from modeling_xl import relative_attention as ra  # noqa: E402
+from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM  # noqa: E402
+from modeling_xl import kernel_registry as kernels  # noqa: E402
+from modeling_xl import kernel_registry as ra  # noqa: E402
 from modeling_xl.modeling_transformer_xl import with_key_padding  # noqa: E402
 from modeling_xl.relative_attention import relative_attention  # noqa: E402
 from modeling_xl.relative_positions import causal_mask  # noqa: E402
-from modeling_xl.triton_relative_attention import key_ranges, triton_relative_attention  # noqa: E402
+from modeling_xl.relative_attention_triton import key_ranges, triton_relative_attention  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +32,7 @@ def interpreter(monkeypatch):
     """The interpreter on, and the kernels made under it (another test of the session may have imported the kernel
     module while the variable was unset: its functions would then be compiled-mode ones)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    module = sys.modules.get("modeling_xl.triton_relative_kernels")
+    module = sys.modules.get("modeling_xl.relative_attention_triton_kernels")
     if module is not None and type(module.forward_kernel).__name__ != "InterpretedFunction":
         importlib.reload(module)
 

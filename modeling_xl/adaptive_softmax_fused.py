@@ -1,4 +1,4 @@
-"""The kernels of the adaptive softmax (`kernels` routes to them; the maths is `adaptive_softmax`): custom autograd
+"""The kernels of the adaptive softmax (`kernel_registry` routes to them, on every device; the maths is `adaptive_softmax`): custom autograd
 nodes that save memory and copies in training, and the products of generation.
 
 - Training NLL (`shared_table_nll`): every cluster's logits from one node (`SharedTableLogits`), log-probabilities

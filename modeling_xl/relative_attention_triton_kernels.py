@@ -1,4 +1,4 @@
-"""The Triton kernels of the flash-style relative attention (see `triton_relative_attention`, which launches them
+"""The Triton kernels of the flash-style relative attention (see `relative_attention_triton`, which launches them
 and holds the maths they implement). Imported only when the kernel is first used, so that TRITON_INTERPRET=1 set by a
 test before that point takes effect, and `import modeling_xl` never pays for importing triton.
 
@@ -9,7 +9,7 @@ band0 .. band0 + BLOCK_M + BLOCK_N - 1. Scores are kept in the log2 domain (scal
 
 from __future__ import annotations
 
-try:  # optional dependency: a module that cannot import it never reaches this file (`triton_relative_attention`)
+try:  # optional dependency: a module that cannot import it never reaches this file (`relative_attention_triton`)
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - the caller checks `available()` first

@@ -49,8 +49,8 @@ def available(device_type: str = "cuda") -> bool:
 
 
 def _kernels():
-    """The kernels, imported on first use (see `triton_relative_kernels`)."""
-    from .triton_relative_kernels import backward_keys_kernel, backward_queries_kernel, forward_kernel
+    """The kernels, imported on first use (see `relative_attention_triton_kernels`)."""
+    from .relative_attention_triton_kernels import backward_keys_kernel, backward_queries_kernel, forward_kernel
 
     return forward_kernel, backward_keys_kernel, backward_queries_kernel
 
@@ -205,7 +205,7 @@ def _range_strides(ranges: torch.Tensor) -> tuple[int, int]:
 
 def triton_relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_p: float = 0.0):
     """`relative_attention.relative_attention` by the Triton kernels (same arguments; returns (out, None)).
-    Attention dropout is not implemented: `dropout_p` must be 0 (`relative_attention.attention_implementation`
+    Attention dropout is not implemented: `dropout_p` must be 0 (`kernel_registry.attention_implementation`
     sends calls with dropout elsewhere)."""
     if dropout_p:
         raise ValueError(f"dropout_p={dropout_p}: the Triton relative attention has no attention dropout; expected 0 "

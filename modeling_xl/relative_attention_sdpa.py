@@ -1,5 +1,5 @@
 """The relative attention through torch's `scaled_dot_product_attention`: the content term is SDPA's own product,
-the position (and XLNet's segment) terms enter as its additive float bias. A kernel of `kernels` (the default on
+the position (and XLNet's segment) terms enter as its additive float bias. A kernel of `kernel_registry` (the default on
 every device without gradients, and with gradients on GPUs, whose fused SDPA kernels take a bias with a gradient).
 Notation as in `relative_attention`; tested against its reference in tests/test_relative_attention.py and, on CUDA,
 by benchmarks/gpu_check.py.
@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .fused_attention import position_product
+from .position_scores_fused import position_product
 from .relative_positions import rel_shift
 
 
