@@ -164,8 +164,7 @@ def attention_inputs(device, dtype, batch=2, heads=3, qlen=40, mlen=24, d_head=4
 
 
 def attention_mask(kind, device, batch, qlen, mlen):
-    from modeling_xl.modeling_transformer_xl import with_key_padding
-    from modeling_xl.relative_attention import causal_mask
+    from modeling_xl.relative_positions import causal_mask, with_key_padding
 
     if kind == "causal":
         return causal_mask(qlen, mlen, device=device)

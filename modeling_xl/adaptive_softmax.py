@@ -12,8 +12,8 @@ A projection weight is [d_model, d_emb_i]: the input uses `emb @ W^T`, the outpu
 
 This file is the maths: `AdaptiveLogSoftmax.log_probs` (every log-probability, one line per term of the
 factorisation) and `AdaptiveLogSoftmax.nll` (per target, plain ops). `forward` runs the kernels of
-`adaptive_softmax_fused` where `kernel_registry` has them (training's NLL through custom autograd nodes, generation's distribution
-written once), checked against these references in tests/test_adaptive_softmax.py.
+`adaptive_softmax_fused` where `kernel_registry` has them (training's NLL through custom autograd nodes,
+generation's distribution written once), checked against these references in tests/test_adaptive_softmax.py.
 """
 
 from __future__ import annotations
@@ -255,3 +255,19 @@ def _resize_rows(old: torch.Tensor, rows: int, mean_resizing: bool, std: float) 
     else:
         extra.normal_(0.0, std)
     return torch.cat([old, extra])
+
+
+def tied_weight_map(config) -> dict[str, str]:
+    """{output parameter: input parameter} pairs tied as in the authors' code: the weights per cluster when
+    `tie_word_embeddings`, the projections by `tie_projs` alone (whatever `tie_word_embeddings` says; with
+    div_val == 1 every tied output projection shares the single input projection)."""
+    emb, out = "transformer.word_emb", "lm_head"
+    n_tables = 1 if config.div_val == 1 else len(config.cutoffs) + 1
+    tied = {}
+    if config.tie_word_embeddings:
+        tied = {f"{out}.out_layers.{i}.weight": f"{emb}.emb_layers.{i}.weight" for i in range(n_tables)}
+    if needs_projections(config):
+        for i, tie in enumerate(config.tie_projs):
+            if tie:
+                tied[f"{out}.out_projs.{i}.weight"] = f"{emb}.emb_projs.{0 if config.div_val == 1 else i}.weight"
+    return tied

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from .relative_positions import relative_positions, sinusoid_table
+
 
 def _autocast_state(device_type: str) -> tuple:
     return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
@@ -142,3 +144,64 @@ class AppendRoom:
             self.frontier[0] = self.end + n
             return AppendRoom(self.buffers, self.start, self.end + n, self.dim, self.frontier)
         return AppendRoom.joined([[old, x] for old, x in zip(self.views(), tensors)], self.dim)
+
+
+class PositionTable:
+    """The sinusoid vectors of distances K-1..0 (clamped at `clamp_len`) a backbone's layers read, [K, d_model], and,
+    without gradients, one table kept for reuse with every layer's projection of it.
+
+    Kept (`use_cache`): one table of at least `mem_len + 1` rows (the length a one-token step reaches once the memory
+    is full); a call for K rows returns its last K rows, the same tensor object for the same K, so that the layers'
+    `ProjectionCache`s recognise it. Generation, whose key length grows by one per step until the memory is full,
+    reads every table from that one place, and `offer_projections` hands each layer the matching rows of its
+    projection of the whole table (computed once per layer and weights) instead of a new K x d_model x d_model product
+    per layer and step. Rows of a product equal the product of the rows up to float rounding."""
+
+    def __init__(self, config, n_layer: int):
+        self.config = config
+        self.kept = None  # (key, table, (klen, rows of it)) when a table is kept
+        self.projections = [ProjectionCache() for _ in range(n_layer)]  # one per layer: W_R of the whole kept table
+
+    def __deepcopy__(self, memo):  # a copy of a model starts with nothing kept
+        return PositionTable(self.config, len(self.projections))
+
+    def clear(self) -> None:
+        self.kept = None
+        for cache in self.projections:
+            cache.clear()
+
+    def __call__(self, klen: int, dtype: torch.dtype, device, use_cache: bool = False) -> torch.Tensor:
+        cfg = self.config
+        key = (dtype, torch.device(device), cfg.clamp_len, cfg.d_model)
+        kept = self.kept if use_cache else None
+        if kept is None or kept[0] != key or kept[1].size(0) < klen:
+            length = max(klen, cfg.mem_len + 1) if use_cache else klen
+            pos = relative_positions(length, clamp_len=cfg.clamp_len).to(device)
+            kept = (key, sinusoid_table(pos, cfg.d_model, dtype), None)  # float64 model: float64 table
+            if not use_cache:
+                return kept[1]
+        full = kept[1]
+        if klen == full.size(0):
+            table = full
+        elif kept[2] is not None and kept[2][0] == klen:
+            table = kept[2][1]
+        else:  # distances klen-1..0 are the table's last rows (clamping is per distance)
+            table = full[-klen:]
+        self.kept = (key, full, (klen, table))
+        return table
+
+    def offer_projections(self, pos_emb: torch.Tensor, layers) -> None:
+        """When `pos_emb` is a part of the kept table: give each attention layer (`offer_position_projection`) the
+        rows of its projection W_R of the whole table (`project_positions`, weights `position_weights()`)."""
+        full = self.kept[1] if self.kept is not None else None
+        if full is None or pos_emb is full or pos_emb.data_ptr() + pos_emb.nbytes != full.data_ptr() + full.nbytes:
+            return
+        if any(type(layer.position_weights()[0].data) is not torch.Tensor for layer in layers):
+            return  # sharded weights (FSDP2 DTensors) are whole only inside each layer's own forward
+        for layer, cache in zip(layers, self.projections):  # `relative_attention.RelativeMultiHeadAttention`s
+            weights = layer.position_weights()
+            projected = cache.get(full, weights)
+            if projected is None:
+                projected = layer.project_positions(full)  # [H, R, D]
+                cache.put(full, projected, weights)
+            layer.offer_position_projection(pos_emb, projected[:, -pos_emb.size(0):])

@@ -23,7 +23,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from .configuration_transformer_xl import TransformerXLConfig
-from .modeling_transformer_xl import memory_gradient
+from .memory import memory_gradient
 from .task_model import SequenceSummary, TransformerXLTaskModel, check_class_ids, pool_hidden  # noqa: F401 (re-export)
 
 
@@ -155,7 +155,7 @@ class TransformerXLForSequenceClassification(TransformerXLTaskModel):
         row's padding stays hidden as memory too: the key mask is carried along the memory ([B, M+T]) (the
         bidirectional backbone cannot hide memory, so there every row of a batch must have the same length).
         Gradients: the one loss is at the end of the document, so the memory keeps its graph
-        (`modeling_transformer_xl.memory_gradient`) and the gradient reaches every segment, as one long read's would;
+        (`memory.memory_gradient`) and the gradient reaches every segment, as one long read's would;
         the activations of every segment are kept until backward. `detach_memory=True` is the paper's memory (Dai et
         al. 2019, Sec. 3.2): earlier segments run without gradient, only the last segment's forward is trained. It
         costs one segment's activations, but evidence that only earlier segments hold is then never learned: a cue in

@@ -36,17 +36,11 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
 from .configuration_transformer_xl import TransformerXLConfig
-from .input_checks import ids_in_range, require
 from .dropout import Dropout
+from .input_checks import check_inputs, ids_in_range, require
 from .kernel_registry import kernel
-from .modeling_transformer_xl import (
-    PositionwiseFF,
-    TransformerXLModelOutput,
-    TransformerXLPreTrainedModel,
-    check_inputs,
-    memory_like,
-    update_memory,
-)
+from .memory import memory_like, update_memory
+from .modeling_transformer_xl import PositionwiseFF, TransformerXLModelOutput, TransformerXLPreTrainedModel
 from .precision import at_least_float32
 from .relative_positions import relative_positions, sinusoid_table
 from .two_stream_attention import Stream, TwoStreamAttention, permutation_masks, segment_mismatch

@@ -135,6 +135,19 @@ class RelativeMultiHeadAttention(nn.Module):
         return (self.qkv_net.weight, self.layer_norm.weight, self.layer_norm.bias) if self.pre_lnorm else (
             self.qkv_net.weight,)
 
+    def clear_cache(self) -> None:
+        """Drop the keys, values and position projections kept for evaluation without gradients."""
+        self.memory_cache.clear()
+        self.position_cache.clear()
+
+    def position_weights(self) -> tuple[torch.Tensor, ...]:
+        """The weights the projection of the position table depends on (`inference_cache` keys)."""
+        return (self.r_net.weight,)
+
+    def offer_position_projection(self, pos_emb: torch.Tensor, projected: torch.Tensor) -> None:
+        """Keep `projected` [H, K, D] as W_R `pos_emb`, computed elsewhere (`inference_cache.PositionTable`)."""
+        self.position_cache.put(pos_emb, projected, self.position_weights())
+
     def keep_memory_projection(self, new_mem: torch.Tensor | None) -> None:
         """Called by the backbone with this layer's next memory (None without memory), the last `new_mem.size(1)`
         states of the `[mem; h]` just projected: their keys and values are the tail of that projection, kept for the
@@ -157,11 +170,11 @@ class RelativeMultiHeadAttention(nn.Module):
 
     def project_positions(self, pos_emb: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         """W_R R: [K, d] -> [H, K, D]; with `use_cache`, reused while the backbone hands over the same table."""
-        r = self.position_cache.get(pos_emb, (self.r_net.weight,)) if use_cache else None
+        r = self.position_cache.get(pos_emb, self.position_weights()) if use_cache else None
         if r is None:
             r = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)
             if use_cache:
-                self.position_cache.put(pos_emb, r, (self.r_net.weight,))
+                self.position_cache.put(pos_emb, r, self.position_weights())
         return r
 
     def merge(self, h: torch.Tensor, attn_vec: torch.Tensor) -> torch.Tensor:

@@ -80,3 +80,26 @@ def causal_mask(qlen: int, mlen: int, same_length: bool = False, mem_len: int = 
         shift = qlen - visible if visible > 0 else qlen
         mask = mask | torch.tril(ones, diagonal=-shift)
     return mask
+
+
+def with_key_padding(mask: torch.Tensor, attention_mask: torch.Tensor, mlen: int) -> torch.Tensor:
+    """Add padding keys to a [T, K] mask (True = hidden): returns [B, 1, T, K] (broadcast over heads).
+
+    `attention_mask` [B, T] (the memory counts as real tokens) or [B, M+T] marks real tokens with 1 and padding with 0.
+    A query always keeps its own key, as XLNet's content stream does, so a padding query attends to itself instead of
+    to nothing. Example, T=3, M=0, causal, attention_mask=[[0, 1, 1]] (left padding; x = hidden):
+        [. x x]      [. x x]
+        [. . x]  ->  [x . x]
+        [. . .]      [x . .]
+    """
+    qlen, klen = mask.shape
+    batch = attention_mask.size(0)
+    if attention_mask.dim() != 2 or attention_mask.size(1) not in (qlen, klen):
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected [batch, seq_len={qlen}] "
+                         f"or [batch, mem_len + seq_len={klen}]")
+    real = attention_mask.to(device=mask.device, dtype=torch.bool)
+    if real.size(1) == qlen and mlen > 0:  # the memory is all real tokens
+        real = torch.cat([real.new_ones(batch, mlen), real], dim=1)  # [B, K]
+    own_key = torch.arange(klen, device=mask.device)[None, :] == torch.arange(qlen, device=mask.device)[:, None] + mlen
+    padding = ~real[:, None, :] & ~own_key  # [B, T, K]
+    return (mask[None] | padding)[:, None]  # [B, 1, T, K]

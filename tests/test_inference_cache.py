@@ -33,9 +33,9 @@ def hits(model):
 
 def stored_hits(model):
     """Lookups answered from projections an earlier call kept: the memory's keys and values, and the backbone's
-    projection of the whole position table (`offer_position_projections`; a layer's position-cache hit on rows
+    projection of the whole position table (`PositionTable.offer_projections`; a layer's position-cache hit on rows
     offered from a table projected in the same call is no reuse)."""
-    return (hits(model)[0], sum(cache.hits for cache in model.transformer._table_projections))
+    return (hits(model)[0], sum(cache.hits for cache in model.transformer.position_table.projections))
 
 
 def read(model, ids, seg_len=8, copy_mems=False, between=None):
@@ -159,12 +159,12 @@ def test_training_forward_drops_what_evaluation_kept():
     ids = torch.randint(0, 97, (2, 16))
     read(model, ids)
     assert model.transformer.layers[0].attn.memory_cache._entry is not None
-    assert model.transformer._position_table is not None
+    assert model.transformer.position_table.kept is not None
     model.train()
     model(input_ids=ids[:, :8], labels=ids[:, :8]).loss.backward()
     for layer in model.transformer.layers:
         assert layer.attn.memory_cache._entry is None and layer.attn.position_cache._entry is None
-    assert model.transformer._position_table is None
+    assert model.transformer.position_table.kept is None
 
 
 def test_inference_mode_runs_without_the_cache():
@@ -219,7 +219,7 @@ def test_use_cache_false_reuses_nothing():
         for start in range(0, 40, 8):
             mems = model(input_ids=ids[:, start:start + 8], mems=mems, use_cache=False).mems
     assert hits(model) == (0, 0)
-    assert model.transformer._position_table is None
+    assert model.transformer.position_table.kept is None
 
 
 def test_append_room_writes_in_place_only_at_its_frontier():

@@ -536,7 +536,7 @@ def test_update_memory_equals_its_definition(mem_len, seg, old, view):
     """update_memory against `cat([mem, hidden])[:, -mem_len:]`, for hidden states that own their storage or are views
     of a longer tensor (the permutation LM's reuse part), memory shorter than, equal to or longer than the segment:
     same values, never longer than mem_len, never holding more storage than its own size."""
-    from modeling_xl.modeling_transformer_xl import update_memory
+    from modeling_xl.memory import update_memory
 
     full = torch.randn(2, seg + 3, 5)
     h = full[:, :seg] if view else full[:, :seg].clone()

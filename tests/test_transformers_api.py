@@ -9,7 +9,7 @@ import pytest
 import transformers
 from transformers import GenerationMixin, PreTrainedModel
 
-from modeling_xl.modeling_transformer_xl import LOADING_KWARGS
+from modeling_xl.checkpoint_import import LOADING_KWARGS
 
 WRITTEN_FOR = "transformers 5.24"
 
@@ -50,6 +50,6 @@ def test_loading_kwargs_cover_the_installed_from_pretrained():
     installed = (named | popped) - {"config"}  # `config=` is a model argument: it applies to a legacy folder too
     missing = installed - LOADING_KWARGS
     assert not missing, (f"transformers {transformers.__version__}'s from_pretrained takes {sorted(missing)}, which "
-                         "modeling_xl.modeling_transformer_xl.LOADING_KWARGS does not list: a legacy checkpoint would "
+                         "modeling_xl.checkpoint_import.LOADING_KWARGS does not list: a legacy checkpoint would "
                          "take them as config fields; add them there")
     assert {"revision", "dtype", "attn_implementation", "device_map"} <= installed  # the parse found the arguments

@@ -21,10 +21,9 @@ os.environ["TRITON_INTERPRET"] = "1"
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM  # noqa: E402
 from modeling_xl import kernel_registry as kernels  # noqa: E402
 from modeling_xl import kernel_registry as ra  # noqa: E402
-from modeling_xl.modeling_transformer_xl import with_key_padding  # noqa: E402
 from modeling_xl.relative_attention import relative_attention  # noqa: E402
-from modeling_xl.relative_positions import causal_mask  # noqa: E402
 from modeling_xl.relative_attention_triton import key_ranges, triton_relative_attention  # noqa: E402
+from modeling_xl.relative_positions import causal_mask, with_key_padding  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

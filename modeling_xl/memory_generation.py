@@ -1,0 +1,105 @@
+"""`generate()` with the memory as the cache: the pieces of transformers' `GenerationMixin` that a memory of fixed
+length changes. transformers carries a key/value cache that grows with every token; Transformer-XL carries `mems`
+(n_layer tensors [B, M, d], M <= mem_len), which `update_memory` keeps at a fixed length.
+
+- `_update_model_kwargs_for_generation`: the step's `mems` go back in as `mems` (not transformers' cache names).
+- `prepare_inputs_for_generation`: once the memory holds the sequence only the newest token is fed; the attention
+  mask is cut to the memory's tokens plus the fed ones.
+- `_expand_inputs_for_generation`: a caller's `mems` repeated for `num_beams` / `num_return_sequences`.
+- `_reorder_cache`: beam search reorders the memory rows (and the keys and values kept for them).
+- `_sample`: greedy decoding skips the adaptive softmax's tail clusters that cannot hold the best token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers import GenerationMixin
+
+from .inference_cache import enabled as cache_enabled
+from .kernel_registry import kernel
+
+
+class MemoryGenerationMixin(GenerationMixin):
+    """`GenerationMixin` for a causal LM whose forward takes and returns `mems` (the head holds the backbone as
+    `self.transformer` and the adaptive softmax as `self.lm_head`)."""
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # memory is a tuple of per-layer tensors, not a key/value cache
+
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs):
+        """`generate` carries our memory under `mems` (one of the state names transformers' beam search reorders
+        through `_reorder_cache`). Set here because transformers moves the state under a name of its own that
+        changed between releases: up to 5.23 `past_key_values`, read from an output's `mems`; from 5.24 `cache`,
+        read only from an output field of that name, so the memory was dropped and every step re-read the whole
+        sequence."""
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
+        for name in ("past_key_values", "cache"):
+            if name in model_kwargs and model_kwargs[name] is outputs.mems:
+                del model_kwargs[name]
+        if model_kwargs.get("use_cache") is False:  # no state carried: every step reads the whole sequence again
+            return model_kwargs  # (after the caller's `mems`, if any)
+        model_kwargs["mems"] = outputs.mems
+        model_kwargs["mems_hold_input"] = True  # every token but the newest is in the memory now
+        return model_kwargs
+
+    def prepare_inputs_for_generation(self, input_ids, mems=None, attention_mask=None, mems_hold_input=False,
+                                      **kwargs):
+        """Once the memory holds the sequence (`mems_hold_input`, set by `_update_model_kwargs_for_generation` from
+        the second step on) only the newest token is fed; at the first step the whole prompt is, after the caller's
+        `mems` if any. The attention mask (which `generate` extends by one real token per step) is cut to the
+        memory's tokens plus the fed ones, so that padding stays hidden once it is in memory."""
+        if mems is not None and mems_hold_input:
+            input_ids = input_ids[:, -1:]
+        inputs = {"input_ids": input_ids, "mems": mems}
+        if attention_mask is not None:
+            mlen = 0 if mems is None else mems[0].size(1)
+            missing = mlen + input_ids.size(1) - attention_mask.size(1)
+            if missing > 0 and mems_hold_input:  # the caller's memory came before the prompt the mask covers: real
+                ones = attention_mask.new_ones(attention_mask.size(0), missing)
+                attention_mask = torch.cat([ones, attention_mask], 1)
+            inputs["attention_mask"] = attention_mask[:, -(mlen + input_ids.size(1)):]
+        for name in ("logits_to_keep", "output_attentions", "output_hidden_states", "use_cache"):
+            if kwargs.get(name) is not None:
+                inputs[name] = kwargs[name]
+        return inputs
+
+    def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **model_kwargs):
+        """transformers' greedy/sampling loop; greedy decoding whose scores nothing else reads runs inside the
+        "greedy_decoding" kernel's context: the log-probabilities of tail clusters that cannot hold the best token
+        are left at -inf instead of computed, which gives the same tokens. Not with sampling, logits processors
+        (they may lower the best token: repetition penalty, bad words, ...), nor when scores or logits are
+        returned."""
+        scores_returned = generation_config.return_dict_in_generate and (
+            generation_config.output_scores or generation_config.output_logits)
+        greedy = kernel("greedy_decoding", self.device.type)
+        context = contextlib.nullcontext()
+        if greedy is not None and not generation_config.do_sample and not logits_processor and not scores_returned:
+            context = greedy(self.lm_head)
+        with context:
+            return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                                   **model_kwargs)
+
+    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None,
+                                      **model_kwargs):
+        """As in transformers, and the caller's `mems` (a tuple, which transformers leaves alone) repeated row by row
+        too, for `num_beams` / `num_return_sequences` > 1."""
+        mems = model_kwargs.pop("mems", None)
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids,
+                                                                        **model_kwargs)
+        if mems is not None:
+            model_kwargs["mems"] = tuple(m.repeat_interleave(expand_size, dim=0) for m in mems)
+        return input_ids, model_kwargs
+
+    def _reorder_cache(self, mems, beam_idx):
+        """Beam search: memory rows follow their beams, and so do the keys and values each layer keeps for its memory
+        (`inference_cache`; without them every step would project the whole memory again)."""
+        if mems is None:
+            return None
+        reordered = tuple(m.index_select(0, beam_idx.to(m.device)) for m in mems)
+        if cache_enabled():
+            for layer, old, new in zip(self.transformer.layers, mems, reordered):
+                layer.attn.reorder_memory_projection(old, new, beam_idx.to(old.device))
+        return reordered
