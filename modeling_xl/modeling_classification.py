@@ -24,7 +24,14 @@ from transformers.utils import ModelOutput
 
 from .configuration_transformer_xl import TransformerXLConfig
 from .memory import memory_gradient
-from .task_model import SequenceSummary, TransformerXLTaskModel, check_class_ids, pool_hidden  # noqa: F401 (re-export)
+from .task_model import (
+    SegmentMemory,
+    SequenceSummary,
+    TransformerXLTaskModel,
+    check_class_ids,
+    check_documents,
+    pool_hidden,
+)
 
 
 @dataclass
@@ -45,11 +52,6 @@ def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[t
     """
     order = torch.sort(attention_mask.to(torch.int8), dim=1, stable=True).indices  # zeros first, then ones
     return input_ids.gather(1, order), attention_mask.gather(1, order)
-
-
-def with_memory_mask(mem_mask: torch.Tensor | None, segment_mask: torch.Tensor) -> torch.Tensor:
-    """Key mask over [memory; segment]: [B, M] and [B, T] -> [B, M+T] (no memory: the segment's mask)."""
-    return segment_mask if mem_mask is None else torch.cat([mem_mask, segment_mask], dim=1)
 
 
 def infer_problem_type(num_labels: int, labels: torch.Tensor) -> str:
@@ -101,13 +103,13 @@ class TransformerXLForSequenceClassification(TransformerXLTaskModel):
         attention_mask: torch.Tensor | None = None,
         mems: tuple[torch.FloatTensor, ...] | None = None,
         token_type_ids: torch.LongTensor | None = None,
-        labels: torch.Tensor | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_mems: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         segment_len: int | None = None,
-        use_mems: bool | None = None,
         detach_memory: bool = False,
         **kwargs,
     ) -> TransformerXLSequenceClassifierOutput | tuple:
@@ -119,16 +121,12 @@ class TransformerXLForSequenceClassification(TransformerXLTaskModel):
         split by row by transformers' pipelines. `detach_memory`: see `forward_long`."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if segment_len is not None:
-            if mems is not None or token_type_ids is not None or input_ids is None:
-                raise ValueError("segment_len is set with mems, token_type_ids or without input_ids; expected "
-                                 "input_ids (and attention_mask, labels) only: forward_long builds its own memory")
+            self.check_long_call(input_ids, mems, token_type_ids=token_type_ids)
             out = self.forward_long(input_ids, attention_mask=attention_mask, labels=labels, segment_len=segment_len,
                                     detach_memory=detach_memory)
             return out if return_dict else out.to_tuple()
-        x = input_ids if input_ids is not None else inputs_embeds
-        segment_mask = self.segment_mask(x, attention_mask)  # [B, T]
-        outputs = self.encode(input_ids, attention_mask, mems, token_type_ids, inputs_embeds, output_attentions,
-                              output_hidden_states)
+        outputs, segment_mask = self.read(input_ids, attention_mask, mems, token_type_ids, inputs_embeds,
+                                          output_attentions, output_hidden_states)
         pooled = pool_hidden(outputs.last_hidden_state, segment_mask, self.config.summary_type)  # [B, d]
         logits = self.logits_proj(self.sequence_summary(pooled))  # [B, C]
         loss = None
@@ -152,25 +150,16 @@ class TransformerXLForSequenceClassification(TransformerXLTaskModel):
 
         Each row's real tokens are moved to the end (`left_align`), and the first segment is the short one (N mod
         `segment_len` tokens), so the last segment holds the end of every document and nothing is padded. A shorter
-        row's padding stays hidden as memory too: the key mask is carried along the memory ([B, M+T]) (the
-        bidirectional backbone cannot hide memory, so there every row of a batch must have the same length).
+        row's padding stays hidden as memory too (`task_model.SegmentMemory`; the bidirectional backbone cannot hide
+        memory, so there every row of a batch must have the same length).
         Gradients: the one loss is at the end of the document, so the memory keeps its graph
-        (`memory.memory_gradient`) and the gradient reaches every segment, as one long read's would;
-        the activations of every segment are kept until backward. `detach_memory=True` is the paper's memory (Dai et
-        al. 2019, Sec. 3.2): earlier segments run without gradient, only the last segment's forward is trained. It
-        costs one segment's activations, but evidence that only earlier segments hold is then never learned: a cue in
-        the first of 2 segments, debug model, 150 steps: 0.17 accuracy detached (chance 0.25) against 0.53 for one long
-        read (tests/test_finetuning.py::test_long_document_learns_evidence_that_truncation_cuts).
+        (`memory.memory_gradient`) and the gradient reaches every segment, as one long read's would; the activations
+        of every segment are kept until backward. `detach_memory=True` is the paper's memory (Dai et al. 2019, Sec.
+        3.2): earlier segments run without gradient and only the last segment's forward is trained. It costs one
+        segment's activations, but evidence that only earlier segments hold is then never learned
+        (tests/test_finetuning.py::test_long_document_learns_evidence_that_truncation_cuts).
         """
-        if input_ids.dim() != 2 or input_ids.size(1) == 0:
-            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, doc_len > 0]")
-        if not isinstance(segment_len, int) or segment_len <= 0:
-            raise ValueError(f"segment_len={segment_len!r} is invalid; expected a positive integer")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        if tuple(attention_mask.shape) != tuple(input_ids.shape):
-            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected the shape of "
-                             f"input_ids {tuple(input_ids.shape)}")
+        attention_mask = check_documents(input_ids, segment_len, attention_mask)
         lengths = attention_mask.ne(0).sum(dim=1)
         if bool((lengths == 0).any()):
             empty = (lengths == 0).nonzero().flatten().tolist()
@@ -179,13 +168,12 @@ class TransformerXLForSequenceClassification(TransformerXLTaskModel):
         input_ids, attention_mask = left_align(input_ids, attention_mask.ne(0).long())
         doc_len = input_ids.size(1)
         edges = [0, *range(doc_len % segment_len or segment_len, doc_len, segment_len), doc_len]
-        mems, mem_mask = None, None
+        memory = SegmentMemory()
         reading = torch.no_grad if detach_memory or not torch.is_grad_enabled() else memory_gradient
         for start, end in zip(edges[:-2], edges[1:-1]):  # every segment but the last
-            key_mask = with_memory_mask(mem_mask, attention_mask[:, start:end])  # [B, M+T]
+            key_mask = memory.key_mask(attention_mask[:, start:end])  # [B, M+T]
             with reading():
-                mems = self.encode(input_ids[:, start:end], key_mask, mems).mems
-            mem_mask = None if mems is None else key_mask[:, -mems[0].size(1):]  # the memory keeps the last M keys
+                memory.advance(self.encode(input_ids[:, start:end], key_mask, memory.mems).mems, key_mask)
         window = slice(edges[-2], None)
-        key_mask = with_memory_mask(mem_mask, attention_mask[:, window])
-        return self(input_ids[:, window], attention_mask=key_mask, mems=mems, labels=labels, return_dict=True)
+        return self(input_ids[:, window], attention_mask=memory.key_mask(attention_mask[:, window]), mems=memory.mems,
+                    labels=labels, return_dict=True)

@@ -80,42 +80,53 @@ class TransformerXLForMultipleChoice(TransformerXLTaskModel):
         flat = {name: flatten_choices(value, name, shape) for name, value in
                 (("input_ids", input_ids), ("inputs_embeds", inputs_embeds), ("attention_mask", attention_mask),
                  ("token_type_ids", token_type_ids))}
-        present = None if attention_mask is None else flat["attention_mask"].ne(0).any(dim=1)  # [B*C]
-        if present is not None and bool((~present.view(batch, choices)).all(dim=1).any()):
-            empty = (~present.view(batch, choices)).all(dim=1).nonzero().flatten().tolist()
-            raise ValueError(f"attention_mask marks no real token in any choice of questions {empty}; expected at "
-                             "least one choice per question")
+        present = present_choices(flat["attention_mask"], batch, choices)  # [B*C] or None
         keep = None if present is None or bool(present.all()) else present.nonzero().flatten()
         if keep is not None:
             if mems is not None or use_mems:
                 raise ValueError("questions with absent choices (an all-zero attention_mask row) cannot use mems; "
                                  "expected the same number of choices in every question of the batch to use mems")
             flat = {name: None if value is None else value[keep] for name, value in flat.items()}
-        outputs = self.encode(flat["input_ids"], flat["attention_mask"], mems, flat["token_type_ids"],
-                              flat["inputs_embeds"], output_attentions, output_hidden_states)
-        mask = flat["attention_mask"]
-        pooled = pool_hidden(outputs.last_hidden_state, None if mask is None else mask[:, -x.size(2):],
-                             self.config.summary_type)
+        outputs, segment_mask = self.read(flat["input_ids"], flat["attention_mask"], mems, flat["token_type_ids"],
+                                          flat["inputs_embeds"], output_attentions, output_hidden_states)
+        pooled = pool_hidden(outputs.last_hidden_state, segment_mask, self.config.summary_type)
         scores = self.logits_proj(self.sequence_summary(pooled)).squeeze(-1)  # [present rows]
         if keep is None:
             logits = scores.view(batch, choices)
-        else:
+        else:  # an absent choice scores the lowest value: never chosen, no probability
             logits = scores.new_full((batch * choices,), torch.finfo(scores.dtype).min)
             logits = logits.index_put((keep,), scores).view(batch, choices)
-        loss = None
-        if labels is not None:
-            labels = labels.reshape(-1).to(logits.device)
-            if labels.numel() != batch:
-                raise ValueError(f"labels has {labels.numel()} values; expected one choice index per question "
-                                 f"({batch})")
-            check_class_ids(labels, choices, what="choice indices", bound="num_choices")
-            if present is not None:
-                chosen = present.view(batch, choices)[torch.arange(batch, device=labels.device), labels.clamp(min=0)]
-                absent = (labels != -100) & ~chosen.to(labels.device)
-                if bool(absent.any()):
-                    row = absent.nonzero().flatten()[0].item()
-                    raise ValueError(f"labels[{row}]={labels[row].item()} names an absent choice (its attention_mask "
-                                     "row is all zeros); expected the index of a present choice")
-            loss = F.cross_entropy(logits.float(), labels.long(), ignore_index=-100)
+        loss = None if labels is None else choice_loss(logits, labels, present)
         return self.finish(TransformerXLMultipleChoiceOutput, outputs, mems, use_mems, return_dict, loss=loss,
                            logits=logits)
+
+
+def present_choices(attention_mask: torch.Tensor | None, batch: int, choices: int) -> torch.Tensor | None:
+    """[B*C] booleans: the choices with at least one real token (None without a mask: all present). Refuses a
+    question with no present choice."""
+    if attention_mask is None:
+        return None
+    present = attention_mask.ne(0).any(dim=1)
+    missing = (~present.view(batch, choices)).all(dim=1)
+    if bool(missing.any()):
+        raise ValueError(f"attention_mask marks no real token in any choice of questions "
+                         f"{missing.nonzero().flatten().tolist()}; expected at least one choice per question")
+    return present
+
+
+def choice_loss(logits: torch.Tensor, labels: torch.Tensor, present: torch.Tensor | None) -> torch.Tensor:
+    """Cross-entropy of logits [B, C] against labels [B] (choice indices, -100 ignored), each naming a present
+    choice."""
+    batch, choices = logits.shape
+    labels = labels.reshape(-1).to(logits.device)
+    if labels.numel() != batch:
+        raise ValueError(f"labels has {labels.numel()} values; expected one choice index per question ({batch})")
+    check_class_ids(labels, choices, what="choice indices", bound="num_choices")
+    if present is not None:
+        chosen = present.view(batch, choices)[torch.arange(batch, device=labels.device), labels.clamp(min=0)]
+        absent = (labels != -100) & ~chosen.to(labels.device)
+        if bool(absent.any()):
+            row = absent.nonzero().flatten()[0].item()
+            raise ValueError(f"labels[{row}]={labels[row].item()} names an absent choice (its attention_mask row is "
+                             "all zeros); expected the index of a present choice")
+    return F.cross_entropy(logits.float(), labels.long(), ignore_index=-100)

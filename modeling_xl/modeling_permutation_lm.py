@@ -91,7 +91,8 @@ def permutation_lm_loss(logits: torch.Tensor, labels: torch.Tensor, target_mask:
     weight = (labels != -100).to(logits.dtype)
     if target_mask is not None:
         weight = weight * target_mask.to(logits.dtype)
-    ce = F.cross_entropy(at_least_float32(logits).flatten(0, 1), labels.flatten().long(), ignore_index=-100, reduction="none")
+    ce = F.cross_entropy(at_least_float32(logits).flatten(0, 1), labels.flatten().long(), ignore_index=-100,
+                         reduction="none")
     losses = ce.view_as(weight) * weight
     return losses.sum() / weight.sum().clamp(min=torch.finfo(weight.dtype).tiny), losses
 

@@ -166,10 +166,8 @@ class TransformerXLForQuestionAnsweringSimple(TransformerXLTaskModel):
     ) -> TransformerXLQuestionAnsweringSimpleOutput | tuple:
         """`start_positions`, `end_positions` [B]: the answer's first and last token; a position outside the window
         (>= T, as transformers clamps it) is ignored in the loss."""
-        x = input_ids if input_ids is not None else inputs_embeds
-        self.segment_mask(x, attention_mask)
-        outputs = self.encode(input_ids, attention_mask, mems, token_type_ids, inputs_embeds, output_attentions,
-                              output_hidden_states)
+        outputs, _ = self.read(input_ids, attention_mask, mems, token_type_ids, inputs_embeds, output_attentions,
+                               output_hidden_states)
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)  # [B, T] each
         loss = None
         if start_positions is not None and end_positions is not None:
@@ -216,10 +214,8 @@ class TransformerXLForQuestionAnswering(TransformerXLTaskModel):
         where <cls> is (default: the last token). Training (`start_positions` and `end_positions` [B], inside the
         window): loss = (CE_start + CE_end) / 2, plus 0.5 * BCE(answer class, `is_impossible`) when `is_impossible`
         and `cls_index` are given, as XLNet."""
-        x = input_ids if input_ids is not None else inputs_embeds
-        self.segment_mask(x, attention_mask)
-        outputs = self.encode(input_ids, attention_mask, mems, token_type_ids, inputs_embeds, output_attentions,
-                              output_hidden_states)
+        outputs, _ = self.read(input_ids, attention_mask, mems, token_type_ids, inputs_embeds, output_attentions,
+                               output_hidden_states)
         hidden = outputs.last_hidden_state  # [B, T, d]
         batch, length = hidden.shape[:2]
         if p_mask is not None and tuple(p_mask.shape) != (batch, length):
@@ -228,25 +224,36 @@ class TransformerXLForQuestionAnswering(TransformerXLTaskModel):
             cls_index = check_positions(cls_index, batch, "cls_index", length).to(hidden.device)
         cls_state = hidden[:, -1] if cls_index is None else rows(hidden, cls_index)  # [B, d]
         start_logits = self.start_logits(hidden, p_mask)  # [B, T]
-        fields = {}
         if start_positions is not None and end_positions is not None:
-            start = check_positions(start_positions, batch, "start_positions", length).to(hidden.device)
-            end = check_positions(end_positions, batch, "end_positions", length).to(hidden.device)
-            start_state = rows(hidden, start)  # [B, d]
-            end_logits = self.end_logits(hidden, start_state.unsqueeze(1), p_mask).squeeze(-1)  # [B, T]
-            loss = (F.cross_entropy(start_logits, start) + F.cross_entropy(end_logits, end)) / 2
-            if is_impossible is not None and cls_index is not None:
-                target = is_impossible.reshape(-1).to(device=hidden.device, dtype=start_logits.dtype)
-                loss = loss + 0.5 * F.binary_cross_entropy_with_logits(self.answer_class(start_state, cls_state),
-                                                                       target)
-            fields["loss"] = loss
+            fields = {"loss": self.span_loss(hidden, start_logits, start_positions, end_positions, p_mask, cls_state,
+                                             None if cls_index is None else is_impossible)}
         else:
-            start_probs = start_logits.softmax(dim=-1)  # [B, T]
-            top_start_probs, top_start = start_probs.topk(min(self.start_n_top, length), dim=-1)  # [B, k]
-            end_probs = self.end_logits(hidden, rows(hidden, top_start), p_mask).softmax(dim=1)  # [B, T, k]
-            top_end_probs, top_end = end_probs.topk(min(self.end_n_top, length), dim=1)  # [B, e, k]
-            expected_start = torch.einsum("btd,bt->bd", hidden, start_probs)  # [B, d]
-            fields = dict(start_top_log_probs=top_start_probs, start_top_index=top_start,
-                          end_top_log_probs=top_end_probs.flatten(1), end_top_index=top_end.flatten(1),
-                          cls_logits=self.answer_class(expected_start, cls_state))
+            fields = self.beam(hidden, start_logits, p_mask, cls_state)
         return self.finish(TransformerXLQuestionAnsweringOutput, outputs, mems, use_mems, return_dict, **fields)
+
+    def span_loss(self, hidden, start_logits, start_positions, end_positions, p_mask, cls_state, is_impossible):
+        """Training: (CE_start + CE_end) / 2, the end logits conditioned on the true start state; plus 0.5 *
+        BCE(answer class, `is_impossible`) when given, as XLNet."""
+        batch, length = hidden.shape[:2]
+        start = check_positions(start_positions, batch, "start_positions", length).to(hidden.device)
+        end = check_positions(end_positions, batch, "end_positions", length).to(hidden.device)
+        start_state = rows(hidden, start)  # [B, d]
+        end_logits = self.end_logits(hidden, start_state.unsqueeze(1), p_mask).squeeze(-1)  # [B, T]
+        loss = (F.cross_entropy(start_logits, start) + F.cross_entropy(end_logits, end)) / 2
+        if is_impossible is not None:
+            target = is_impossible.reshape(-1).to(device=hidden.device, dtype=start_logits.dtype)
+            loss = loss + 0.5 * F.binary_cross_entropy_with_logits(self.answer_class(start_state, cls_state), target)
+        return loss
+
+    def beam(self, hidden, start_logits, p_mask, cls_state) -> dict:
+        """Inference: the `start_n_top` most probable starts, for each the `end_n_top` most probable ends
+        conditioned on it, and the answer class from the start-probability-weighted state."""
+        length = hidden.size(1)
+        start_probs = start_logits.softmax(dim=-1)  # [B, T]
+        top_start_probs, top_start = start_probs.topk(min(self.start_n_top, length), dim=-1)  # [B, k]
+        end_probs = self.end_logits(hidden, rows(hidden, top_start), p_mask).softmax(dim=1)  # [B, T, k]
+        top_end_probs, top_end = end_probs.topk(min(self.end_n_top, length), dim=1)  # [B, e, k]
+        expected_start = torch.einsum("btd,bt->bd", hidden, start_probs)  # [B, d]
+        return dict(start_top_log_probs=top_start_probs, start_top_index=top_start,
+                    end_top_log_probs=top_end_probs.flatten(1), end_top_index=top_end.flatten(1),
+                    cls_logits=self.answer_class(expected_start, cls_state))

@@ -23,7 +23,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_transformer_xl import TransformerXLConfig
 from .dropout import Dropout
-from .task_model import TransformerXLTaskModel, check_class_ids
+from .task_model import SegmentMemory, TransformerXLTaskModel, check_class_ids, check_documents
 
 
 @dataclass
@@ -66,17 +66,12 @@ class TransformerXLForTokenClassification(TransformerXLTaskModel):
         (input_ids [B, N], attention_mask and labels alike) are tagged segment by segment with memory
         (`forward_long`), through the same call (so a wrapper such as DDP sees it)."""
         if segment_len is not None:
-            if mems is not None or inputs_embeds is not None or input_ids is None:
-                raise ValueError("segment_len is set with mems, inputs_embeds or without input_ids; expected "
-                                 "input_ids (and attention_mask, token_type_ids, labels): forward_long builds its "
-                                 "own memory")
+            self.check_long_call(input_ids, mems, inputs_embeds=inputs_embeds)
             out = self.forward_long(input_ids, attention_mask, token_type_ids, labels, segment_len)
             return_dict = self.config.return_dict if return_dict is None else return_dict
             return out if return_dict else out.to_tuple()
-        x = input_ids if input_ids is not None else inputs_embeds
-        self.segment_mask(x, attention_mask)
-        outputs = self.encode(input_ids, attention_mask, mems, token_type_ids, inputs_embeds, output_attentions,
-                              output_hidden_states)
+        outputs, _ = self.read(input_ids, attention_mask, mems, token_type_ids, inputs_embeds, output_attentions,
+                               output_hidden_states)
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # [B, T, C]
         loss = None if labels is None else self.tagging_loss(logits, labels)
         return self.finish(TransformerXLTokenClassifierOutput, outputs, mems, use_mems, return_dict, loss=loss,
@@ -101,17 +96,8 @@ class TransformerXLForTokenClassification(TransformerXLTaskModel):
         mean loss over every labelled token of the documents. Padding must be at the end of each row (right
         padding): every segment's real tokens then continue the memory; a segment with no real token in a row is
         skipped by its mask (the memory then keeps that row's last real states, as its mask says)."""
-        if input_ids.dim() != 2 or input_ids.size(1) == 0:
-            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, doc_len > 0]")
-        if not isinstance(segment_len, int) or segment_len <= 0:
-            raise ValueError(f"segment_len={segment_len!r} is invalid; expected a positive integer")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
-                            ("labels", labels)):
-            if value is not None and tuple(value.shape) != tuple(input_ids.shape):
-                raise ValueError(f"{name} has shape {tuple(value.shape)}; expected the shape of input_ids "
-                                 f"{tuple(input_ids.shape)}")
+        attention_mask = check_documents(input_ids, segment_len, attention_mask, token_type_ids=token_type_ids,
+                                         labels=labels)
         real = attention_mask.ne(0)
         if bool((real[:, :-1].long() < real[:, 1:].long()).any()):
             raise ValueError("attention_mask has padding before real tokens; expected right padding (real tokens "
@@ -119,16 +105,17 @@ class TransformerXLForTokenClassification(TransformerXLTaskModel):
         if self.config.attn_type == "bi" and bool((~real).any()):
             raise ValueError("documents of different lengths in one batch: the bidirectional backbone "
                              "(attn_type='bi') cannot hide memory positions; expected equal lengths (or batch size 1)")
-        mems, mem_mask, logits, losses, count = None, None, [], [], 0
+        memory, logits, losses, count = SegmentMemory(), [], [], 0
         for start in range(0, input_ids.size(1), segment_len):
             window = slice(start, start + segment_len)
             segment_real = real[:, window]
+            key_mask = memory.key_mask(segment_real.long())
             active = segment_real.any(dim=1)
-            key_mask = segment_real.long() if mem_mask is None else torch.cat([mem_mask, segment_real.long()], 1)
+            attended = key_mask
             if not bool(active.all()):  # rows already finished: one visible dummy key keeps their attention finite
-                key_mask = key_mask.clone()
-                key_mask[~active, -1] = 1
-            outputs = self.encode(input_ids[:, window], key_mask, mems,
+                attended = key_mask.clone()
+                attended[~active, -1] = 1
+            outputs = self.encode(input_ids[:, window], attended, memory.mems,
                                   None if token_type_ids is None else token_type_ids[:, window])
             segment_logits = self.classifier(self.dropout(outputs.last_hidden_state))
             logits.append(segment_logits)
@@ -136,9 +123,6 @@ class TransformerXLForTokenClassification(TransformerXLTaskModel):
                 segment_labels = labels[:, window].masked_fill(~segment_real, -100)
                 losses.append(self.tagging_loss(segment_logits, segment_labels, reduction="sum"))
                 count += int(segment_labels.ne(-100).sum())
-            mems = outputs.mems
-            if mems is not None:
-                mem_mask = torch.cat([key_mask[:, : key_mask.size(1) - segment_real.size(1)], segment_real.long()],
-                                     1)[:, -mems[0].size(1):]
+            memory.advance(outputs.mems, key_mask)
         loss = torch.stack(losses).sum() / max(count, 1) if labels is not None else None
         return TransformerXLTokenClassifierOutput(loss=loss, logits=torch.cat(logits, dim=1))

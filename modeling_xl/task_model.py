@@ -10,7 +10,12 @@ Padding: `attention_mask` (1 = real token, 0 = padding) hides padding keys in at
 memory, the causal backbone takes a key mask over [memory; segment]; the bidirectional one (XLNet's) only over the
 segment, its memory being always visible.
 
-Shapes: B batch, T segment length, M memory length, d d_model.
+Every head's `forward` takes (input_ids, attention_mask, mems, token_type_ids, inputs_embeds, <its targets>, use_mems,
+output_attentions, output_hidden_states, return_dict) in this order, starts with `read` (the mask checks and the
+backbone) and ends with `finish`. Heads that read documents longer than one segment (`forward_long`: classification,
+tagging) share `check_documents` and `SegmentMemory`.
+
+Shapes: B batch, T segment length, N document length, M memory length, d d_model.
 """
 
 from __future__ import annotations
@@ -73,6 +78,42 @@ def check_class_ids(labels: torch.Tensor, num_classes: int, what: str = "class i
                          "(or -100 to ignore)")
 
 
+def check_documents(input_ids: torch.Tensor, segment_len, attention_mask: torch.Tensor | None = None,
+                    **same_shape: torch.Tensor | None) -> torch.Tensor:
+    """The checks of `forward_long`: documents input_ids [B, N > 0], a positive `segment_len`, an attention_mask (all
+    ones when None, returned) and every tensor of `same_shape` (None: absent) shaped like input_ids."""
+    if input_ids.dim() != 2 or input_ids.size(1) == 0:
+        raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, doc_len > 0]")
+    if not isinstance(segment_len, int) or isinstance(segment_len, bool) or segment_len <= 0:
+        raise ValueError(f"segment_len={segment_len!r} is invalid; expected a positive integer")
+    attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    for name, value in (("attention_mask", attention_mask), *same_shape.items()):
+        if value is not None and tuple(value.shape) != tuple(input_ids.shape):
+            raise ValueError(f"{name} has shape {tuple(value.shape)}; expected the shape of input_ids "
+                             f"{tuple(input_ids.shape)}")
+    return attention_mask
+
+
+class SegmentMemory:
+    """The memory carried from one segment of a batch of long documents to the next, with the key mask of its
+    positions (1 = a real token's state, 0 = padding's), so that padding read into the memory stays hidden:
+        key_mask = memory.key_mask(segment_mask)        # [B, M + T]
+        out = model.encode(segment, key_mask, memory.mems)
+        memory.advance(out.mems, key_mask)               # keeps the last M keys' mask"""
+
+    def __init__(self):
+        self.mems, self.mask = None, None
+
+    def key_mask(self, segment_mask: torch.Tensor) -> torch.Tensor:
+        """[B, M] memory mask and [B, T] segment mask -> [B, M+T] (no memory: the segment's mask)."""
+        return segment_mask if self.mask is None else torch.cat([self.mask, segment_mask], dim=1)
+
+    def advance(self, mems, key_mask: torch.Tensor) -> None:
+        """The next memory `mems` holds the last M of the positions `key_mask` describes."""
+        self.mems = mems
+        self.mask = None if mems is None else key_mask[:, -mems[0].size(1):]
+
+
 class TransformerXLTaskModel(TransformerXLPreTrainedModel):
     """A backbone (`transformer`, the one of `config.attn_type`) for a task head. Saved folders map `AutoModel` and
     every task head's Auto class (a head of another task starts from the same backbone), not the LM heads, whose
@@ -107,6 +148,25 @@ class TransformerXLTaskModel(TransformerXLPreTrainedModel):
             raise ValueError(f"attention_mask marks no real token in sequences {empty.nonzero().flatten().tolist()}; "
                              "expected at least one real token per sequence")
         return segment
+
+    def read(self, input_ids, attention_mask, mems, token_type_ids, inputs_embeds, output_attentions=None,
+             output_hidden_states=None):
+        """What every head's forward starts with: `attention_mask` checked (`segment_mask`), then the backbone
+        (`encode`). Returns (the backbone's output, the segment's part of attention_mask [B, T] or None)."""
+        segment_mask = self.segment_mask(input_ids if input_ids is not None else inputs_embeds, attention_mask)
+        outputs = self.encode(input_ids, attention_mask, mems, token_type_ids, inputs_embeds, output_attentions,
+                              output_hidden_states)
+        return outputs, segment_mask
+
+    @staticmethod
+    def check_long_call(input_ids, mems, **unsupported) -> None:
+        """`forward(..., segment_len=...)` reads documents with `forward_long`, which builds its own memory: it takes
+        input_ids, not `mems` nor any of `unsupported` (name -> value, None when absent)."""
+        given = [name for name, value in {"mems": mems, **unsupported}.items() if value is not None]
+        if given or input_ids is None:
+            what = ", ".join(given) if given else "no input_ids"
+            raise ValueError(f"segment_len is set with {what}; expected input_ids (with attention_mask and labels): "
+                             "forward_long reads the documents with a memory of its own")
 
     def encode(self, input_ids=None, attention_mask=None, mems=None, token_type_ids=None, inputs_embeds=None,
                output_attentions=None, output_hidden_states=None):

@@ -1,6 +1,5 @@
 """Sequence classification head: pooling, padding, losses, long documents, loading, XLNet parity, bad input."""
 
-import json
 import logging
 import os
 import subprocess
@@ -18,7 +17,8 @@ from modeling_xl import (
     TransformerXLForCausalLM,
     TransformerXLForSequenceClassification,
 )
-from modeling_xl.modeling_classification import classification_loss, left_align, pool_hidden
+from modeling_xl.modeling_classification import classification_loss, left_align
+from modeling_xl.task_model import pool_hidden
 from modeling_xl.xlnet_conversion import from_xlnet
 
 REPO = Path(__file__).resolve().parents[1]
