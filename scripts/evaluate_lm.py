@@ -6,7 +6,7 @@
 
 Perplexity (word level) or bits per character (`--char_level`); a sweep over memory lengths (table + PNG plot);
 `--vanilla` compares the paper's sliding-window baseline with state reuse on the same targets. Results go to
-`lm_evaluation.json` and into a section of the checkpoint's README.md (model card). Library: `modeling_xl.evaluation`.
+`lm_evaluation.json` and into a section of the checkpoint's README.md (model card). Library: `modeling_xl.evaluation.long_context`.
 """
 
 import argparse
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args) -> None:
     """Every numeric argument, before the model is loaded: a bad value must not cost a full evaluation first."""
-    from modeling_xl.evaluation import check_int
+    from modeling_xl.runtime.validators import check_int
 
     for name in ("tgt_len", "batch_size", "context_len", "vanilla_targets", "vanilla_batch_size"):
         check_int(name, getattr(args, name))
@@ -64,8 +64,9 @@ def check_args(args) -> None:
 
 
 def load(args):
-    import modeling_xl  # noqa: F401  (registers the Auto classes)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import modeling_xl  # noqa: F401  (registers the Auto classes)
 
     folder = Path(args.model_name_or_path)
     if not (folder / "config.json").exists():
@@ -116,7 +117,7 @@ def check_tokenizer_source(folder: Path, tokenizer_name: str | None) -> None:
 
 
 def run(args) -> dict:
-    from modeling_xl.evaluation import (
+    from modeling_xl.evaluation.long_context import (
         check_vanilla_span,
         load_eval_tokens,
         memory_sweep,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
-from modeling_xl.evaluation import (
+from modeling_xl.evaluation.long_context import (
     evaluate_stream,
     load_eval_tokens,
     memory_sweep,
@@ -19,7 +19,7 @@ from modeling_xl.evaluation import (
     update_card_section,
     vanilla_nll,
 )
-from modeling_xl.stream_scoring import evaluate_causal_lm
+from modeling_xl.evaluation.stream_scoring import evaluate_causal_lm
 from modeling_xl.data.streams import EvalStreams
 
 REPO = Path(__file__).resolve().parents[1]

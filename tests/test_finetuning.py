@@ -615,8 +615,8 @@ def test_never_writes_over_the_model_it_starts_from_and_checks_the_tokenizer(tmp
 
     before = {p.name: p.read_bytes() for p in lm_checkpoint.iterdir()}
     for overwrite in (False, True):
-        with pytest.raises(ValueError, match=r"output_dir=.* is the folder of model_name_or_path=.*; the fine-tuned "
-                                             "model would be saved over it"):
+        with pytest.raises(ValueError, match=r"output_dir=.* is the folder of model_name_or_path=.*; the run's final "
+                                             "save would write over it"):
             run_finetuning(finetune_args(tmp_path, lm_checkpoint, output_dir=str(lm_checkpoint),
                                          overwrite_output_dir=overwrite))
     assert {p.name: p.read_bytes() for p in lm_checkpoint.iterdir()} == before

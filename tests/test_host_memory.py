@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 import torch
 
-from modeling_xl import runs
+from modeling_xl.runtime import processes as runs
 
 REPO = Path(__file__).resolve().parents[1]
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -31,7 +31,7 @@ PROBE_PAGES = 12 * 2**20 * 4 // resource.getpagesize()  # pages of the probe's 4
 PROBE = """
 import json, resource, sys
 import torch
-from modeling_xl.host_memory import keep_freed_memory
+from modeling_xl.runtime.host_memory import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else "not called"
 def faults_of_one_round():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -73,7 +73,7 @@ def test_the_users_own_malloc_settings_are_left_alone(setting):
 
 
 def test_settings_of_other_malloc_knobs_do_not_count_as_the_users_thresholds(monkeypatch):
-    from modeling_xl.host_memory import user_malloc_settings
+    from modeling_xl.runtime.host_memory import user_malloc_settings
 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0:glibc.cpu.hwcaps=-AVX2")
@@ -87,11 +87,11 @@ def test_the_training_loops_helper_applies_it_on_the_cpu_only(caplog):
     with mock.patch.object(runs, "keep_freed_memory", return_value=None) as keep:
         runs.keep_freed_host_memory(torch.device("cuda"))
         keep.assert_not_called()
-        with caplog.at_level("INFO", logger="modeling_xl.runs"):
+        with caplog.at_level("INFO", logger="modeling_xl.runtime.processes"):
             runs.keep_freed_host_memory(torch.device("cpu"))
         keep.assert_called_once_with()
     assert "keeps freed memory" in caplog.text
     with mock.patch.object(runs, "keep_freed_memory", return_value="the C library is not glibc"):
-        with caplog.at_level("INFO", logger="modeling_xl.runs"):
+        with caplog.at_level("INFO", logger="modeling_xl.runtime.processes"):
             runs.keep_freed_host_memory(torch.device("cpu"))
     assert "left as it is: the C library is not glibc" in caplog.text

@@ -13,13 +13,13 @@ import pytest
 
 from modeling_xl.training.arguments import parse_args
 from modeling_xl.training.loop import run_pretraining
-from modeling_xl.training.output_guard import LOCK_FILE, OutputDirLock, OutputDirLockedError
+from modeling_xl.runtime.run_folder import LOCK_FILE, OutputDirLock, OutputDirLockedError
 
 REPO = Path(__file__).resolve().parents[1]
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from modeling_xl.training.output_guard import OutputDirLock
+    from modeling_xl.runtime.run_folder import OutputDirLock
     lock = OutputDirLock(sys.argv[1]).acquire()  # kept referenced: the flock lives as long as its file
     print("locked", flush=True)
     time.sleep(600)

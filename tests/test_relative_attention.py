@@ -453,7 +453,7 @@ def test_same_length_shows_every_query_the_newest_mem_len_keys_once_the_memory_i
 
 def test_reported_attended_context_is_the_most_keys_a_query_sees():
     from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
-    from modeling_xl.evaluation import evaluate_stream
+    from modeling_xl.evaluation.long_context import evaluate_stream
 
     model = TransformerXLForCausalLM(TransformerXLConfig(vocab_size=11, d_model=8, n_layer=1, n_head=2, d_head=4,
                                                          d_inner=16, adaptive=False)).eval()

@@ -171,9 +171,10 @@ def test_bad_input():
         streams.load_state_dict({"position": 1})
     for name, value in (("batch_size", "4"), ("batch_size", True), ("tgt_len", 2.0), ("tgt_len", 0), ("rank", -1),
                         ("world_size", 0)):
-        with pytest.raises(ValueError, match=rf"{name}={value!r}; expected an integer >= "):
+        with pytest.raises(ValueError, match=rf"{name}={value!r} is invalid; expected (a positive integer|an "
+                                             r"integer >= 0)"):
             OrderedStreams(np.arange(100), **{"batch_size": 2, "tgt_len": 5, name: value})
-    with pytest.raises(ValueError, match="pad_token_id=None; expected an integer >= 0"):
+    with pytest.raises(ValueError, match="pad_token_id=None is invalid; expected an integer >= 0"):
         EvalStreams(np.arange(100), batch_size=2, tgt_len=5, pad_token_id=None)
 
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from modeling_xl.runs import check_output_dir
+from modeling_xl.runtime.run_folder import check_output_dir
 from modeling_xl.training import arguments as arguments_module
 from modeling_xl.training.accumulation import chunk_loss_weight, chunk_slices
 from modeling_xl.training.arguments import parse_args, processes_split
 from modeling_xl.training.checkpointing import list_checkpoints, resolve_checkpoint, save_checkpoint
-from modeling_xl.stream_scoring import bits_per_character, perplexity, recurrence_settings
+from modeling_xl.evaluation.stream_scoring import bits_per_character, perplexity, recurrence_settings
 from modeling_xl.training.publishing import HubUploadError, push_folder, upload_file_list
 from modeling_xl.training.data import data_from_tokens
 
@@ -475,7 +475,7 @@ def test_a_model_continued_from_a_saved_one_generates_up_to_the_new_tokenizers_e
 
 
 def test_a_resume_with_another_max_train_steps_says_the_schedule_is_rebuilt():
-    from modeling_xl.training.checkpoint_validation import CheckpointError, validate_training_state
+    from modeling_xl.runtime.checkpoint_state import CheckpointError, validate_training_state
     from modeling_xl.training.checkpointing import schedule_change
 
     state = {"step": 80, "max_train_steps": 80, "num_warmup_steps": 10}

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from ..runtime.validators import check_int
+
 IGNORE_INDEX = -100
 
 
@@ -35,12 +37,6 @@ def _as_flat_array(token_ids) -> np.ndarray:
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise ValueError(f"token_ids has dtype {array.dtype}; expected integer token ids")
     return array
-
-
-def check_int(name: str, value, minimum: int) -> None:
-    """ValueError naming `name` unless `value` is an int (not a bool) >= `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name}={value!r}; expected an integer >= {minimum}")
 
 
 def owned_rows(batch_size: int, rank: int, world_size: int) -> range:

@@ -24,7 +24,6 @@ being it), that piece is encoded by the Rust tokenizer instead, as `encode_lines
 from __future__ import annotations
 
 import codecs
-
 import multiprocessing
 import os
 import re
@@ -37,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..host_memory import keep_freed_memory
+from ..runtime.host_memory import keep_freed_memory
 
 PIECE_BYTES = 8 << 20  # measured: 8 MB pieces counted ~1.5x faster per core than 32 MB ones (fewer page faults)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runs import check_model_source, choice, positive_int
+from ..runtime.validators import check_model_source, choice, positive_int
 
 RESULTS_FILE = "classification_results.json"
 TRAINING_CONFIG = "training_config.json"  # every resolved argument, and which defaults were chosen for this model

@@ -13,17 +13,13 @@ crash during a save leaves the previous checkpoint usable.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from ..runs import LOG_FILE
-from ..training.checkpointing import STATE_FILE, write_checkpoint
-from ..training.checkpointing import check_compatible as check_stream_compatible
-
-_NAME = re.compile(r"^checkpoint-(\d+)$")
+from ..runtime.checkpoint_state import check_compatible as check_stream_compatible
+from ..runtime.run_folder import FINETUNING_CHECKPOINTS, LOG_FILE, write_checkpoint
 
 
 def _shuffle_generator(train_loader) -> torch.Generator | None:
@@ -61,19 +57,10 @@ def split_checkpoint_rng(tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
             {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("now.")})
 
 
-def list_checkpoints(output_dir) -> list[Path]:
-    """Complete `checkpoint-N` folders (with their training state), oldest first."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and (p / STATE_FILE).is_file()]
-    return [p for _, p in sorted(found)]
-
-
 def is_finetuning_checkpoint(folder: Path) -> bool:
     """A `checkpoint-N` folder this tool wrote (its training state and RNG file), not, say, a Trainer checkpoint or
     a saved model someone named so."""
-    return (_NAME.match(folder.name) is not None and (folder / STATE_FILE).is_file()
+    return (folder in FINETUNING_CHECKPOINTS.list(folder.parent)
             and (folder / "rng_rank0.safetensors").is_file())
 
 
@@ -88,25 +75,9 @@ def earlier_run(folder: Path, results_file: str) -> list[str]:
     return names + [name for name in (LOG_FILE, TRAINING_CONFIG, *results) if (folder / name).exists()]
 
 
-def resolve_checkpoint(output_dir, requested: str) -> Path:
-    """`latest` -> the newest complete checkpoint of output_dir; otherwise the given folder (checked)."""
-    if requested == "latest":
-        found = list_checkpoints(output_dir)
-        if not found:
-            raise ValueError(f"resume_from_checkpoint='latest' found no checkpoint-N folder with {STATE_FILE} in "
-                             f"{output_dir}; expected a previous run with --checkpointing_steps in this output_dir")
-        return found[-1]
-    path = Path(requested)
-    if not (path / STATE_FILE).is_file():
-        raise ValueError(f"resume_from_checkpoint={requested!r} is not a fine-tuning checkpoint; expected a "
-                         f"checkpoint-N folder with {STATE_FILE} (checkpoints of versions before resume support lack "
-                         "it and cannot be resumed) or 'latest'")
-    return path
-
-
 def check_compatible(state: dict, layout: dict, folder, max_steps: int) -> None:
     """The data position of a checkpoint means the same batches only with the same layout (examples, seed, batch,
-    processes), and its step must be one this run reaches (`checkpointing.check_compatible`)."""
+    processes), and its step must be one this run reaches (`checkpoint_state.check_compatible`)."""
     check_stream_compatible(state, layout, folder, max_steps, resumes="on the same batches",
                             last_step=f"{max_steps} steps (--max_train_steps / --num_train_epochs)")
 
@@ -117,8 +88,8 @@ def read_checkpoint_rng(folder, process_index: int) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(accelerator, output_dir, step: int, state: dict, rng: dict[str, torch.Tensor]) -> Path:
-    """Write `checkpoint-{step}` atomically (all processes call this, `checkpointing.write_checkpoint`). Returns its
+    """Write `checkpoint-{step}` atomically (all processes call this, `run_folder.write_checkpoint`). Returns its
     folder."""
-    final = Path(output_dir) / f"checkpoint-{step}"
+    final = FINETUNING_CHECKPOINTS.folder(output_dir, step)
     write_checkpoint(accelerator, final, step, state, "rng", rng)
     return final

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from ..cli import dataclass_parser
+from ..runtime.cli import dataclass_parser
 from .card import run_line
 from .loop import run_job
 from .tasks import MetricError

@@ -11,23 +11,37 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 import torch
 
 from tokenization import check_vocab_matches
 
-from ..runs import (LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run, keep_freed_host_memory,
-                    local_folder_hint)
-from ..training.checkpointing import read_training_state
+from ..runtime.checkpoint_state import read_training_state
+from ..runtime.processes import end_run, is_launch_main_process, keep_freed_host_memory
+from ..runtime.run_folder import (
+    FINETUNING_CHECKPOINTS,
+    LOG_FILE,
+    MODEL_FILES,
+    OutputDirLock,
+    StepLog,
+    clear_run_records,
+    prepare_output_dir,
+)
+from ..runtime.validators import local_folder_hint
 from ..training.engines import refuse_split_world
-from ..training.output_guard import (MODEL_FILES, OutputDirLock, check_foreign_files, check_replaceable,
-                                     is_launch_main_process)
 from .arguments import TRAINING_CONFIG
 from .card import save_model, save_training_config
-from .checkpoints import (check_compatible, checkpoint_rng, earlier_run, read_checkpoint_rng, resolve_checkpoint,
-                          rng_states, save_checkpoint, set_rng, split_checkpoint_rng)
+from .checkpoints import (
+    check_compatible,
+    checkpoint_rng,
+    earlier_run,
+    read_checkpoint_rng,
+    rng_states,
+    save_checkpoint,
+    set_rng,
+    split_checkpoint_rng,
+)
 from .coverage import check_unknown_share, unknown_token_report
 from .defaults import apply_defaults
 from .job import Job, model_inputs
@@ -51,36 +65,96 @@ def run_finetuning(args) -> dict:
 
 def run_job(job: Job) -> dict:
     """Fine-tune, save model + tokenizer, evaluate on the dev split, save results + model card; returns the results.
-    On the CPU it sets glibc's malloc to keep freed memory for the rest of the process (`runs.keep_freed_host_memory`).
-    The output folder is locked for the whole run (`output_guard.OutputDirLock`): a second run there is refused
-    instead of mixing its checkpoints and log with this one's. A folder holding somebody's model, tokenizer or card
-    but no earlier run is refused unless `overwrite_output_dir` (`output_guard.check_foreign_files`).
+    On the CPU it sets glibc's malloc to keep freed memory for the rest of the process
+    (`processes.keep_freed_host_memory`).
+    The output folder is locked for the whole run (`run_folder.OutputDirLock`): a second run there is refused
+    instead of mixing its checkpoints and log with this one's; its checks are `run_folder.prepare_output_dir`'s.
     """
     job.validate()
     with OutputDirLock(job.args.output_dir, enabled=is_launch_main_process()):
         return _run_job(job)
 
 
+@dataclass
+class JobData:
+    """What a fine-tuning run reads: the model's config, its tokenizer, the tokenized splits and their loaders."""
+
+    model_config: object
+    tokenizer: object
+    pad_id: int
+    coverage: dict | None  # the tokenizer's unknown-token report on the training texts
+    train: object
+    dev: object
+    train_loader: object
+    dev_loader: object
+
+
 def _run_job(job: Job) -> dict:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from torch.utils.data import DataLoader
-    from transformers import AutoTokenizer, get_scheduler
 
-    args, results_file = job.args, job.results_file
-    resuming = args.resume_from_checkpoint is not None
-    check_output_is_not_an_input(args)
-    output_dir = check_output_dir(args.output_dir, lambda folder: earlier_run(folder, results_file),
-                                  resuming=resuming, overwrite=args.overwrite_output_dir)
-    check_foreign_files(output_dir, bool(earlier_run(output_dir, results_file)), args.overwrite_output_dir)
-    check_replaceable(output_dir, final_files(results_file))
-    if args.overwrite_output_dir:
-        check_inputs_survive(args, [output_dir / name for name in earlier_run(output_dir, results_file)])
-    resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint) if resuming else None
+    args = job.args
+    sources = {"model_name_or_path": args.model_name_or_path, "tokenizer_name": args.tokenizer_name}
+    output_dir = prepare_output_dir(args.output_dir, lambda folder: earlier_run(folder, job.results_file),
+                                    final_files(job.results_file), sources,
+                                    resuming=args.resume_from_checkpoint is not None,
+                                    overwrite=args.overwrite_output_dir)
+    resume_from = (FINETUNING_CHECKPOINTS.resolve(output_dir, args.resume_from_checkpoint)
+                   if args.resume_from_checkpoint is not None else None)
     accelerator = Accelerator()
     refuse_split_world(accelerator)  # processes that would each fine-tune alone and write the same folder
     set_seed(args.seed)
-    raw = job.load()  # the `max_train_samples` subset included (`data.load_raw_datasets`)
+    data = load_job_data(job, accelerator)
+    # the schedule the user left unnamed, from this model's width and start (`defaults`), logged and recorded
+    chosen = apply_defaults(args, data.model_config, len(data.train_loader))
+    if chosen:
+        logger.info("defaults for this model: %s", "; ".join(f"{k} {v}" for k, v in chosen.items()))
+    max_steps = args.max_train_steps or args.num_train_epochs * len(data.train_loader)
+    layout = {"num_processes": accelerator.num_processes, "per_device_train_batch_size":
+              args.per_device_train_batch_size, "num_train_examples": len(data.train), "seed": args.seed}
+    saved = None
+    if resume_from is not None:  # before the model is loaded or anything is written
+        saved = read_training_state(resume_from)
+        check_compatible(saved, layout, resume_from, max_steps)
+    model, optimizer, scheduler = build_training(job, accelerator, data, max_steps)
+    if accelerator.is_main_process and args.overwrite_output_dir:  # only once every check has passed
+        deleted = clear_run_records(output_dir, earlier_run(output_dir, job.results_file))
+        if deleted:
+            logger.info("overwrite_output_dir: deleted %s of the earlier run in %s", ", ".join(deleted), output_dir)
+    accelerator.wait_for_everyone()
+    history, step, seconds_before, resumed_rng = resume(accelerator, resume_from, saved)
+    log = StepLog(output_dir, enabled=accelerator.is_main_process, resume_step=None if saved is None else step)
+    start = time.perf_counter() - seconds_before  # the training time before a resume counts too
+
+    def evaluate_at(at: int) -> None:
+        during = f"during training (step {at}); the weights of this run are only in its checkpoints, if any"
+        history.append({"step": at, **scored(job, accelerator, model, data.dev_loader, during)})
+        log.write(history[-1])
+        logger.info("step %d: %s", at, history[-1])
+
+    def checkpoint_at(at: int, rng) -> None:
+        state = {**layout, "history": history, "train_seconds": time.perf_counter() - start}
+        save_checkpoint(accelerator, output_dir, at, state, rng)
+
+    keep_freed_host_memory(accelerator.device)  # after the data, the model and a resume: their peaks are one-off
+    step = train_loop(accelerator, args, model, optimizer, scheduler, data.train_loader, max_steps, step, resumed_rng,
+                      start, log, evaluate_at, checkpoint_at)
+    results = finish(job, accelerator, model, data, history, step, time.perf_counter() - start, chosen, output_dir,
+                     log)
+    del model, optimizer, scheduler, data  # the prepared wrappers go first (see `end_run`)
+    end_run(accelerator)
+    return results
+
+
+def load_job_data(job: Job, accelerator) -> JobData:
+    """The task's data (`job.load`, the `max_train_samples` subset included), the model's config and tokenizer, the
+    tokenizer's coverage of the training texts (refused when most of it is unknown), the tokenized splits and their
+    loaders, prepared (sharded over the processes)."""
+    from torch.utils.data import DataLoader
+    from transformers import AutoTokenizer
+
+    args = job.args
+    raw = job.load()
     model_config = _read_config(args)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     # before anything is trained: a tokenizer that leaves most of the text unknown is named, with the likely cause
@@ -92,78 +166,65 @@ def _run_job(job: Job) -> dict:
     collate = job.collate(pad_id)
     train_loader = DataLoader(train, shuffle=True, batch_size=args.per_device_train_batch_size, collate_fn=collate)
     dev_loader = DataLoader(dev, batch_size=args.per_device_eval_batch_size, collate_fn=collate)
-    train_loader, dev_loader = accelerator.prepare(train_loader, dev_loader)  # sharded over the processes
-    # the schedule the user left unnamed, from this model's width and start (`defaults`), logged and recorded
-    chosen = apply_defaults(args, model_config, len(train_loader))
-    if chosen:
-        logger.info("defaults for this model: %s", "; ".join(f"{k} {v}" for k, v in chosen.items()))
-    max_steps = args.max_train_steps or args.num_train_epochs * len(train_loader)
-    layout = {"num_processes": accelerator.num_processes, "per_device_train_batch_size":
-              args.per_device_train_batch_size, "num_train_examples": len(train), "seed": args.seed}
-    saved = None
-    if resume_from is not None:  # before the model is loaded or anything is written
-        saved = read_training_state(resume_from)
-        check_compatible(saved, layout, resume_from, max_steps)
-    model = job.build_model(model_config)
+    train_loader, dev_loader = accelerator.prepare(train_loader, dev_loader)
+    return JobData(model_config, tokenizer, pad_id, coverage, train, dev, train_loader, dev_loader)
+
+
+def build_training(job: Job, accelerator, data: JobData, max_steps: int):
+    """The model (checked against the tokenizer), AdamW and the linear schedule, prepared."""
+    from transformers import get_scheduler
+
+    args = job.args
+    model = job.build_model(data.model_config)
     # before the first batch: an id past the embedding would fail there, naming neither the model nor the tokenizer
-    check_vocab_matches(tokenizer, model.config, allow_larger_model=True,
+    check_vocab_matches(data.tokenizer, model.config, allow_larger_model=True,
                         context=f"tokenizer_name={args.tokenizer_name or args.model_name_or_path!r} does not fit "
                                 f"model_name_or_path={args.model_name_or_path!r}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
     # the prepared scheduler steps once per process at every optimizer step (Accelerate's convention)
     scheduler = get_scheduler("linear", optimizer, num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
                               num_training_steps=max_steps * accelerator.num_processes)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    if accelerator.is_main_process and args.overwrite_output_dir:  # only once every check has passed
-        deleted = clear_run_records(output_dir, earlier_run(output_dir, results_file))
-        if deleted:
-            logger.info("overwrite_output_dir: deleted %s of the earlier run in %s", ", ".join(deleted), output_dir)
+    return accelerator.prepare(model, optimizer, scheduler)
+
+
+def resume(accelerator, folder, saved: dict | None):
+    """(evaluation history, step, training seconds, this process's checkpoint RNG) of the checkpoint in `folder`
+    whose training state `saved` passed `check_compatible`, loaded into the prepared objects; a fresh start without
+    one."""
+    if saved is None:
+        return [], 0, 0.0, None
+    accelerator.load_state(str(folder))  # weights, optimizer, scheduler, every process's RNG
+    logger.info("resumed from %s at step %d", folder, saved["step"])
+    return (saved["history"], saved["step"], saved["train_seconds"],
+            read_checkpoint_rng(folder, accelerator.process_index))
+
+
+def finish(job: Job, accelerator, model, data: JobData, history: list, step: int, train_seconds: float, chosen: dict,
+           output_dir, log: StepLog) -> dict:
+    """Save the model and tokenizer (first: nothing after this can lose them), score the dev split (unless the last
+    step was an evaluation step), then write the results, the log's last record, the resolved arguments and the
+    card. Returns the results."""
+    args = job.args
     accelerator.wait_for_everyone()
-    history, step, seconds_before, resumed_rng = [], 0, 0.0, None
-    if saved is not None:
-        accelerator.load_state(str(resume_from))  # weights, optimizer, scheduler, every process's RNG
-        history, step, seconds_before = saved["history"], saved["step"], saved["train_seconds"]
-        resumed_rng = read_checkpoint_rng(resume_from, accelerator.process_index)
-        logger.info("resumed from %s at step %d", resume_from, step)
-    log = StepLog(output_dir, enabled=accelerator.is_main_process, resume_step=step if resuming else None)
-    start = time.perf_counter() - seconds_before  # the training time before a resume counts too
-
-    def evaluate_at(at: int) -> None:
-        during = f"during training (step {at}); the weights of this run are only in its checkpoints, if any"
-        history.append({"step": at, **scored(job, accelerator, model, dev_loader, during)})
-        log.write(history[-1])
-        logger.info("step %d: %s", at, history[-1])
-
-    def checkpoint_at(at: int, rng) -> None:
-        state = {**layout, "history": history, "train_seconds": time.perf_counter() - start}
-        save_checkpoint(accelerator, output_dir, at, state, rng)
-
-    keep_freed_host_memory(accelerator.device)  # after the data, the model and a resume: their peaks are one-off
-    step = train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps, step, resumed_rng, start,
-                      log, evaluate_at, checkpoint_at)
-    train_seconds = time.perf_counter() - start
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:  # the weights first: nothing after this can lose them
-        save_model(accelerator.unwrap_model(model), tokenizer, pad_id, output_dir)
+    if accelerator.is_main_process:
+        save_model(accelerator.unwrap_model(model), data.tokenizer, data.pad_id, output_dir)
     accelerator.wait_for_everyone()
     already = bool(history) and history[-1]["step"] == step  # the last step was an eval step: already scored
     final = ({k: v for k, v in history[-1].items() if k != "step"} if already
-             else scored(job, accelerator, model, dev_loader, f"after training; the fine-tuned model and tokenizer "
-                         f"are saved in {output_dir}"))
+             else scored(job, accelerator, model, data.dev_loader, f"after training; the fine-tuned model and "
+                         f"tokenizer are saved in {output_dir}"))
     results = {**job.results_fields(), "dev": final, "history": history, "train_steps": step,
                "train_seconds": train_seconds,
                "train_examples_seen": step * args.per_device_train_batch_size * accelerator.num_processes,
-               "num_train_examples": len(train), "num_dev_examples": len(dev),
+               "num_train_examples": len(data.train), "num_dev_examples": len(data.dev),
                "initialisation": "from scratch" if args.from_scratch else f"pretrained {args.model_name_or_path}",
-               "unknown_token_share": None if coverage is None else coverage["share"], "args": asdict(args),
+               "unknown_token_share": None if data.coverage is None else data.coverage["share"], "args": asdict(args),
                "defaults_chosen": chosen}
     if accelerator.is_main_process:
         if not already:
             log.write({"step": step, **final})
         save_training_config(args, chosen, output_dir)
         job.save_records(results, accelerator.unwrap_model(model).config)
-    del model, optimizer, train_loader, dev_loader, scheduler  # the prepared wrappers go first (see `end_run`)
-    end_run(accelerator)
     return results
 
 
@@ -184,28 +245,6 @@ def _read_config(args):
         raise ValueError(f"model_name_or_path={args.model_name_or_path!r} could not be loaded ({error})"
                          f"{local_folder_hint(args.model_name_or_path)}; expected a folder written by save_pretrained "
                          "or a Hub id") from None
-
-
-def check_output_is_not_an_input(args) -> None:
-    """The fine-tuned model, tokenizer and card are saved into output_dir: it must not be the folder of the model or
-    tokenizer this run starts from (they would be written over, with or without --overwrite_output_dir)."""
-    out = Path(args.output_dir).resolve()
-    for name in ("model_name_or_path", "tokenizer_name"):
-        value = getattr(args, name)
-        if value and Path(value).is_dir() and Path(value).resolve() == out:
-            raise ValueError(f"output_dir={args.output_dir!r} is the folder of {name}={value!r}; the fine-tuned model "
-                             "would be saved over it. Expected another output folder")
-
-
-def check_inputs_survive(args, doomed: list[Path]) -> None:
-    """--overwrite_output_dir must not delete the model or tokenizer this run starts from."""
-    for name in ("model_name_or_path", "tokenizer_name"):
-        value = getattr(args, name)
-        if value and Path(value).exists():
-            inside = [p for p in doomed if Path(value).resolve().is_relative_to(p.resolve())]
-            if inside:
-                raise ValueError(f"{name}={value!r} lies in {inside[0]}, which --overwrite_output_dir would delete "
-                                 "(an earlier run's record); expected a model and tokenizer outside it")
 
 
 def train_loop(accelerator, args, model, optimizer, scheduler, train_loader, max_steps: int, step: int,

@@ -26,7 +26,7 @@ import datasets
 import torch
 import torch.nn.functional as F
 
-from ..runs import positive_int
+from ..runtime.validators import positive_int
 from .arguments import TASK_RESULTS_FILES, CommonArguments, validate_task
 from .coverage import SAMPLE_TEXTS
 from .data import load_raw_datasets, padded, row_namer

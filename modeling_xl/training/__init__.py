@@ -1,6 +1,6 @@
 """Pretraining library behind `scripts/pretrain.py`: arguments -> data -> model -> recurrent training -> publishing."""
 
-from ..stream_scoring import bits_per_character, evaluate_causal_lm, perplexity
+from ..evaluation.stream_scoring import bits_per_character, evaluate_causal_lm, perplexity
 from .arguments import PretrainArguments, build_parser, parse_args, processes_split, resolve
 from .checkpointing import list_checkpoints, resolve_checkpoint
 from .data import PretrainData, data_from_tokens

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import yaml
 
-from ..cli import base_type, dataclass_parser, parse_bool
 from ..configuration_transformer_xl import PRESETS
-from ..runs import LOG_FILE, check_model_source, choice, positive_int
+from ..runtime.cli import base_type, dataclass_parser, parse_bool
+from ..runtime.run_folder import LOG_FILE
+from ..runtime.validators import check_model_source, choice, positive_int
 from .checkpointing import CHECKPOINTS
 from .feedback import PLOT_FILE
 from .recipes import RECIPES

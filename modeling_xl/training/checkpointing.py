@@ -13,49 +13,17 @@ safetensors / JSON / `torch.load(weights_only=True)` (Accelerate's loader), neve
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from .checkpoint_validation import check_files_complete, load_error
-from .checkpoint_validation import read_training_state as _read_validated_state
+from ..runtime.checkpoint_state import load_error
+from ..runtime.run_folder import PRETRAINING_CHECKPOINTS, write_checkpoint
 
-CHECKPOINTS = "checkpoints"
-from .checkpoint_validation import STATE_FILE  # noqa: E402  (one name for the file, validated there)
-_NAME = re.compile(r"^step_(\d+)$")
-
-
-def checkpoint_dir(output_dir, step: int) -> Path:
-    return Path(output_dir) / CHECKPOINTS / f"step_{step:07d}"
-
-
-def list_checkpoints(output_dir) -> list[Path]:
-    """Complete checkpoints (temporary folders of interrupted saves are ignored), oldest first."""
-    root = Path(output_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and (p / STATE_FILE).is_file()]
-    return [p for _, p in sorted(found)]
-
-
-def resolve_checkpoint(output_dir, requested: str) -> Path:
-    """`latest` -> the newest complete checkpoint of output_dir; otherwise the given folder (checked)."""
-    if requested == "latest":
-        found = list_checkpoints(output_dir)
-        if not found:
-            raise ValueError(f"resume_from_checkpoint='latest' found no checkpoint in {Path(output_dir) / CHECKPOINTS}; "
-                             "expected a previous run with --checkpointing_steps in this output_dir")
-        return found[-1]
-    path = Path(requested)
-    if not (path / STATE_FILE).is_file():
-        raise ValueError(f"resume_from_checkpoint={requested!r} is not a checkpoint folder; expected a folder with "
-                         f"{STATE_FILE} (e.g. {checkpoint_dir(output_dir, 100)}) or 'latest'")
-    return path
+CHECKPOINTS = PRETRAINING_CHECKPOINTS.subfolder
+list_checkpoints = PRETRAINING_CHECKPOINTS.list  # complete checkpoints of an output folder, oldest first
+resolve_checkpoint = PRETRAINING_CHECKPOINTS.resolve  # "latest" or a folder -> the checkpoint to resume from
 
 
 def memories_to_tensors(memories: list, rng_state: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -79,47 +47,12 @@ def tensors_to_memories(tensors: dict[str, torch.Tensor], num_chunks: int, devic
 def save_checkpoint(accelerator, output_dir, step: int, state: dict, memories: list, keep: int | None) -> Path:
     """Write the checkpoint of `step` atomically (all processes call this), keep the newest `keep`. Returns its
     final folder."""
-    final = checkpoint_dir(output_dir, step)
+    final = PRETRAINING_CHECKPOINTS.folder(output_dir, step)
     write_checkpoint(accelerator, final, step, state, "memories", memories_to_tensors(memories, torch.get_rng_state()))
     if accelerator.is_main_process:
-        _prune(output_dir, keep)
+        PRETRAINING_CHECKPOINTS.prune(output_dir, keep)
     accelerator.wait_for_everyone()
     return final
-
-
-def write_checkpoint(accelerator, final: Path, step: int, state: dict, name: str, tensors: dict) -> None:
-    """Accelerate's state, this process's `tensors` (`{name}_rank{r}.safetensors`) and the training state (with
-    `step`) into `final`, through a temporary folder renamed once complete: a crash during a save leaves the previous
-    checkpoint usable. All processes call this."""
-    tmp = final.with_name(f".tmp_{final.name}")
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    save_file(tensors, str(tmp / f"{name}_rank{accelerator.process_index}.safetensors"))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2))
-        if final.exists():  # re-saving a step (after a resume): the new copy replaces it only once complete
-            old = final.with_name(f".old_{final.name}")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    accelerator.wait_for_everyone()
-
-
-def read_training_state(folder) -> dict:
-    """The checkpoint's `training_state.json` (step, layout, data position): read, and checked with
-    `check_compatible`, before anything is written or loaded. Every field is validated
-    (`checkpoint_validation`): a malformed or hand-edited file is a `CheckpointError` naming the field, and so is a
-    truncated weights, optimizer, scheduler or memories file."""
-    state = _read_validated_state(folder)
-    check_files_complete(folder)
-    return state
 
 
 def load_checkpoint(accelerator, folder: Path, num_chunks: int, device, saved: dict | None = None,
@@ -149,22 +82,6 @@ def load_checkpoint(accelerator, folder: Path, num_chunks: int, device, saved: d
         raise load_error(folder, error, memories_file.name) from None
     torch.set_rng_state(tensors.pop("rng_state"))
     return tensors_to_memories(tensors, num_chunks, device)
-
-
-def check_compatible(state: dict, layout: dict, folder, max_train_steps: int, *, resumes: str = "the streams",
-                     last_step: str | None = None) -> None:
-    """The data position (and memories) of a checkpoint mean the same only with the same `layout`, and its step must
-    be one this run reaches; say what differs. `resumes` names what the layout keeps the same in the message,
-    `last_step` describes this run's last step (default `max_train_steps=N`)."""
-    for key, value in layout.items():
-        if state.get(key) != value:
-            raise ValueError(f"resume_from_checkpoint={str(folder)!r} was written with {key}={state.get(key)!r}, "
-                             f"this run has {key}={value!r}; expected the same value to continue {resumes} exactly")
-    if state["step"] > max_train_steps:
-        last_step = last_step or f"max_train_steps={max_train_steps}"
-        raise ValueError(f"resume_from_checkpoint={str(folder)!r} is at step {state['step']}, past this run's "
-                         f"{last_step}; expected a checkpoint at or before the last step (or a larger "
-                         "--max_train_steps)")
 
 
 def schedule_change(state: dict, max_train_steps: int, num_warmup_steps: int, lr_scheduler_type: str) -> str | None:
@@ -200,10 +117,3 @@ def check_same_stream(state: dict, stream: dict, folder) -> None:
                              f"run's training data has {key}={value!r}; expected the corpus, tokenizer, objective "
                              "and sampling settings of the run that wrote it (the memories and data position belong "
                              "to its token stream)")
-
-
-def _prune(output_dir, keep: int | None) -> None:
-    if keep is None:
-        return
-    for old in list_checkpoints(output_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runs import local_folder_hint
+from ..runtime.validators import local_folder_hint
 
 logger = logging.getLogger(__name__)
 COUNT_BATCH = 500_000  # lines counted at a time when training a word-level vocabulary

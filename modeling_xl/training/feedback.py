@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..runs import read_log
+from ..runtime.run_folder import read_log
 
 PLOT_FILE = "loss_curve.png"
 

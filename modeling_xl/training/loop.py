@@ -18,16 +18,16 @@ from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, Pr
 
 from tokenization import declare_task_tokens
 
-from ..runs import LOG_FILE, StepLog, check_output_dir, clear_run_records, end_run, keep_freed_host_memory
+from ..runtime.checkpoint_state import check_compatible, read_training_state
+from ..runtime.processes import end_run, is_launch_main_process, keep_freed_host_memory
+from ..runtime.run_folder import FINAL_FILES, LOG_FILE, OutputDirLock, StepLog, clear_run_records, prepare_output_dir
 from .arguments import RUN_RECORDS, PretrainArguments, earlier_pretraining_run, processes_split, save_resolved
-from .checkpointing import (check_compatible, check_same_stream, load_checkpoint, read_training_state,
-                            resolve_checkpoint, save_checkpoint, schedule_change)
+from .checkpointing import check_same_stream, load_checkpoint, resolve_checkpoint, save_checkpoint, schedule_change
 from .data import UNKNOWN_WARNING_SHARE, PretrainData, tokenizer_vocab_size, unknown_share
 from .engines import check_engine, describe_run, final_model, refuse_split_world, refuse_unsupported
 from .feedback import PLOT_FILE, Progress, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
 from .objectives import objective_for
-from .output_guard import OutputDirLock, check_output_contents, is_launch_main_process
 from .process_layout import PROCESS_KEYS, check_process_layout
 from .publishing import model_card, push_folder, save_card_keeping_sections, write_results
 from .shared_storage import check_shared_folder
@@ -72,8 +72,9 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
 
     `data_builder(args, process_index, num_processes, per_process)` -> PretrainData; default: `data_sources.build_data`
     (the datasets/tokenizers pipeline). Tests pass their own to train on tiny corpora. The output folder is locked
-    for the whole run (`output_guard.OutputDirLock`): a second run there is refused instead of mixing with this one.
-    On the CPU it sets glibc's malloc to keep freed memory for the rest of the process (`runs.keep_freed_host_memory`).
+    for the whole run (`run_folder.OutputDirLock`): a second run there is refused instead of mixing with this one.
+    On the CPU it sets glibc's malloc to keep freed memory for the rest of the process
+    (`processes.keep_freed_host_memory`).
     """
     with OutputDirLock(args.output_dir, enabled=is_launch_main_process()):
         return _run_pretraining(args, data_builder)
@@ -82,9 +83,9 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
 def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     started = time.perf_counter()
     resuming = args.resume_from_checkpoint is not None
-    output_dir = check_output_dir(args.output_dir, earlier_pretraining_run, resuming=resuming,
-                                  overwrite=args.overwrite_output_dir)
-    check_output_contents(output_dir, args, holds_earlier_run=bool(earlier_pretraining_run(output_dir)))
+    sources = {name: getattr(args, name) for name in ("model_name_or_path", "config_name", "tokenizer_name")}
+    output_dir = prepare_output_dir(args.output_dir, earlier_pretraining_run, FINAL_FILES, sources, resuming=resuming,
+                                    overwrite=args.overwrite_output_dir)
     accelerator = make_accelerator(args)
     describe_run(accelerator, args)
     refuse_split_world(accelerator)  # processes that would each train alone on the same folder
@@ -105,7 +106,9 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
             logger.warning("resume_from_checkpoint=%r: %s", str(resume_from), change)
     set_seed(args.seed)
     if data_builder is None:
-        from .data_sources import build_data as data_builder  # the data pipeline (datasets, tokenizers) is only needed here
+        from .data_sources import (
+            build_data as data_builder,  # the data pipeline (datasets, tokenizers) is only needed here
+        )
     data = data_builder(args, accelerator.process_index, accelerator.num_processes, per_process)
     stream = {"train_tokens": data.info.get("train_tokens"),  # identifies the token stream a checkpoint continues
               "tokenizer_vocab_size": tokenizer_vocab_size(data.tokenizer), "objective": args.objective}

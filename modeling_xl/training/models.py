@@ -8,7 +8,7 @@ import torch
 from transformers import get_scheduler
 
 from ..configuration_transformer_xl import TransformerXLConfig
-from ..runs import local_folder_hint
+from ..runtime.validators import local_folder_hint
 from ..size_estimate import check_model_fits
 
 logger = logging.getLogger(__name__)

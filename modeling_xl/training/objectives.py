@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..stream_scoring import evaluate_causal_lm
+from ..evaluation.stream_scoring import evaluate_causal_lm
 from .steps import clm_objective
 
 

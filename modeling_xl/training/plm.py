@@ -13,7 +13,7 @@ import torch
 from ..data.plm_layout import NUM_SPECIAL_TOKENS
 from ..data.plm_rows import PLMRowLayout
 from ..data.plm_sampling import PLMCollator, PLMSamplingConfig
-from ..stream_scoring import perplexity, recurrence_settings
+from ..evaluation.stream_scoring import perplexity, recurrence_settings
 
 SPECIAL = {"sep_token": "<sep>", "cls_token": "<cls>"}
 

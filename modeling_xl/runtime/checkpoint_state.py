@@ -1,5 +1,6 @@
-"""Checks of a checkpoint before (and while) a resume reads it: every field of `training_state.json`, and a named
-error for a damaged file instead of the raw error of the library that read it.
+"""What a resume reads from a checkpoint, checked before (and while) it is read: every field of
+`training_state.json` (`read_training_state`), whether its layout continues this run (`check_compatible`), and a named
+error for a damaged file instead of the raw error of the library that read it (`load_error`).
 
 A checkpoint is trusted only as far as it is checked: a hand-edited `"step": -5` would otherwise be accepted and the
 step log cut back to nothing (the log keeps only records up to the resumed step), and a truncated `optimizer.bin`
@@ -55,7 +56,9 @@ class CheckpointError(ValueError):
 
 
 def read_training_state(folder) -> dict:
-    """`training_state.json` of checkpoint `folder`, parsed and validated (`validate_training_state`)."""
+    """`training_state.json` of checkpoint `folder` (step, layout, data position), parsed and validated
+    (`validate_training_state`), after checking that the checkpoint's weights, optimizer, scheduler and per-process
+    files are complete (`check_files_complete`): read before anything is written or loaded."""
     folder = Path(folder)
     path = folder / STATE_FILE
     try:
@@ -64,6 +67,7 @@ def read_training_state(folder) -> dict:
         raise CheckpointError(f"checkpoint {str(folder)!r}: {STATE_FILE} cannot be read ({error}); expected the JSON "
                               f"object a run writes there{_previous_hint(folder)}") from None
     validate_training_state(state, folder)
+    check_files_complete(folder)
     return state
 
 
@@ -196,3 +200,19 @@ def _is_int(value) -> bool:
 
 def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_compatible(state: dict, layout: dict, folder, max_train_steps: int, *, resumes: str = "the streams",
+                     last_step: str | None = None) -> None:
+    """The data position (and memories) of a checkpoint mean the same only with the same `layout`, and its step must
+    be one this run reaches; say what differs. `resumes` names what the layout keeps the same in the message,
+    `last_step` describes this run's last step (default `max_train_steps=N`)."""
+    for key, value in layout.items():
+        if state.get(key) != value:
+            raise ValueError(f"resume_from_checkpoint={str(folder)!r} was written with {key}={state.get(key)!r}, "
+                             f"this run has {key}={value!r}; expected the same value to continue {resumes} exactly")
+    if state["step"] > max_train_steps:
+        last_step = last_step or f"max_train_steps={max_train_steps}"
+        raise ValueError(f"resume_from_checkpoint={str(folder)!r} is at step {state['step']}, past this run's "
+                         f"{last_step}; expected a checkpoint at or before the last step (or a larger "
+                         "--max_train_steps)")

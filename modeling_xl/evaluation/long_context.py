@@ -15,18 +15,9 @@ import time
 
 import torch
 
-from .data.streams import EvalStreams
+from ..data.streams import EvalStreams
+from ..runtime.validators import check_int
 from .stream_scoring import bits_per_character, perplexity, recurrence_settings, stream_nll
-
-
-def check_int(name: str, value, minimum: int = 1, allow_none: bool = False) -> None:
-    """ValueError naming `name`, its value and the range unless `value` is an integer >= `minimum` (or None when
-    `allow_none`). Example: check_int("tgt_len", 0) -> "tgt_len=0 is invalid; expected a positive integer"."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{name}={value!r} is invalid; expected {expected}")
 
 
 def check_vanilla_span(context_len: int, num_targets: int, num_tokens: int, targets_name: str = "num_targets") -> None:
@@ -214,8 +205,8 @@ def load_eval_tokens(tokenizer, dataset_name: str, dataset_config_name: str | No
     """One split of a corpus (a Hub name, a local file/folder, or "builtin"; see `modeling_xl.data.corpora`) as the
     1-D token stream the training run evaluates on (`tokenize_split`: e.g. `<eos>` after every line), cut to its
     first `max_eval_tokens` tokens (None: the whole split; at least 2, one input and its target)."""
-    from .data.corpora import load_corpus
-    from .data.tokenize import tokenize_split
+    from ..data.corpora import load_corpus
+    from ..data.tokenize import tokenize_split
 
     check_int("max_eval_tokens", max_eval_tokens, minimum=2, allow_none=True)
     corpus = load_corpus(dataset_name, dataset_config_name, text_column=text_column)
