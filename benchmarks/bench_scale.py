@@ -54,11 +54,12 @@ from benchmarks.common import machine_description, print_table  # noqa: E402
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 BUILD = """
 import sys
+from modeling_xl.data import cached_corpus
 from modeling_xl.training import parse_args
-from modeling_xl.training import cached_corpus
+from modeling_xl.training.data_sources import token_cache
 if sys.argv[1] == "datasets":  # the generic build: corpus loaded through datasets, counted in one process
-    cached_corpus.local_text_files = lambda args: None
-cached_corpus.cached_tokens(parse_args(sys.argv[2:]))
+    cached_corpus.local_text_files = lambda corpus: None
+token_cache(parse_args(sys.argv[2:]))
 """
 
 
@@ -145,7 +146,7 @@ def workers(process: psutil.Process) -> list[psutil.Process]:
 
 
 STARTUP = """
-import modeling_xl.training.loop, modeling_xl.training.corpus
+import modeling_xl.training.loop, modeling_xl.data.pretraining
 from accelerate import Accelerator
 Accelerator().wait_for_everyone()
 """

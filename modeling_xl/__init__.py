@@ -18,6 +18,11 @@ from .backbones import TransformerXLAnyBackbone
 from .configuration_transformer_xl import PRESETS, LegacyTransfoXLConfig, TransformerXLConfig
 from .modeling_classification import TransformerXLForSequenceClassification, TransformerXLSequenceClassifierOutput
 from .modeling_multiple_choice import TransformerXLForMultipleChoice, TransformerXLMultipleChoiceOutput
+from .modeling_permutation_lm import (
+    TransformerXLForPermutationLM,
+    TransformerXLPermutationLMOutput,
+    TransformerXLPermutationModel,
+)
 from .modeling_question_answering import (
     TransformerXLForQuestionAnswering,
     TransformerXLForQuestionAnsweringSimple,
@@ -31,11 +36,6 @@ from .modeling_transformer_xl import (
     TransformerXLModel,
     TransformerXLModelOutput,
     TransformerXLPreTrainedModel,
-)
-from .modeling_permutation_lm import (
-    TransformerXLForPermutationLM,
-    TransformerXLPermutationLMOutput,
-    TransformerXLPermutationModel,
 )
 
 AutoConfig.register(TransformerXLConfig.model_type, TransformerXLConfig, exist_ok=True)

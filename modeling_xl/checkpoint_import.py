@@ -11,10 +11,14 @@ import os
 import torch
 
 from .configuration_transformer_xl import TransformerXLConfig
-from .legacy_conversion import (find_legacy_files, legacy_model_and_new_weights, local_resolver, resolve_device_map,
-                                resolve_dtype)
+from .legacy_conversion import (
+    find_legacy_files,
+    legacy_model_and_new_weights,
+    local_resolver,
+    resolve_device_map,
+    resolve_dtype,
+)
 from .xlnet_conversion import from_xlnet, is_xlnet_checkpoint
-
 
 # transformers 5's from_pretrained keyword arguments that say where and how to load, not what the model is: a legacy
 # checkpoint (converted here, on CPU) has no use for them. The rest, config fields and `config=`, apply to it too.

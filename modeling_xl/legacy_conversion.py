@@ -15,8 +15,12 @@ import torch
 from transformers.utils import logging
 
 # the config side of the conversion lives with the config (`TransformerXLConfig.from_pretrained` reads legacy folders)
-from .configuration_transformer_xl import (  # noqa: F401 (LegacyTransfoXLConfig: importable here as before)
-    LEGACY_MODEL_TYPE, LegacyTransfoXLConfig, TransformerXLConfig, convert_config)
+from .configuration_transformer_xl import (
+    LEGACY_MODEL_TYPE,
+    LegacyTransfoXLConfig,  # noqa: F401 (importable here as before)
+    TransformerXLConfig,
+    convert_config,
+)
 
 logger = logging.get_logger(__name__)
 

@@ -13,7 +13,6 @@ import contextvars
 
 import torch
 
-
 _MEMORY_GRADIENT = contextvars.ContextVar("memory_gradient", default=False)
 
 

@@ -268,9 +268,8 @@ def _fsdp2_worker(rank: int, world: int, port: int, head: str, result_path: str)
     import os
 
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
-
     from small_lms import lm_batch, small_lm
+    from torch.distributed.fsdp import fully_shard
 
     import modeling_xl.adaptive_softmax_fused as adaptive_softmax
 

@@ -25,6 +25,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from modeling_xl.data.sources import StreamLayout
 from modeling_xl.training import data_from_tokens, parse_args, run_pretraining
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,9 +55,9 @@ def builder(args, rank, world, per_process):
     tokenizer = char_tokenizer(text)
     ids = tokenizer(text)["input_ids"]
     split = int(len(ids) * 0.9)
-    return data_from_tokens(tokenizer, ids[:split], ids[split:], num_streams=per_process * world,
-                            tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
-                            process_index=rank, info={"char_level": True, "dataset_name": "generated"})
+    return data_from_tokens(tokenizer, ids[:split], ids[split:],
+                            StreamLayout(per_process * world, args.tgt_len, args.eval_tgt_len, world, rank),
+                            info={"char_level": True, "dataset_name": "generated"})
 
 
 def run_args(out, *extra) -> list[str]:

@@ -7,8 +7,7 @@ import copy
 import pytest
 import torch
 
-from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM
-from modeling_xl import relative_attention
+from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM, relative_attention
 from modeling_xl.kernel_registry import REGISTRY
 from modeling_xl.two_stream_attention import (
     Stream,

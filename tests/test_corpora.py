@@ -8,14 +8,13 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+from generated_corpora import wikitext_lines
 
 from modeling_xl.data import corpora
 from modeling_xl.data.corpora import builtin_corpus, load_corpus
 from modeling_xl.data.streams import OrderedStreams
 from modeling_xl.data.tokenize import tokenize_corpus
 from tokenization import train_word_level_tokenizer
-
-from generated_corpora import wikitext_lines
 
 
 def tokenized_folder(folder, cache):
@@ -144,9 +143,9 @@ def test_bad_corpora(tmp_path):
 
 @pytest.mark.parametrize("objective, reserved", [("clm", 0), ("plm", 2)])
 def test_trained_word_tokenizer_has_exactly_tokenizer_vocab_size_symbols(objective, reserved):
+    from modeling_xl.data.tokenizer_choice import load_tokenizer
     from modeling_xl.training import parse_args
-    from modeling_xl.training.corpus import load_tokenizer
-    from modeling_xl.training.plm import add_plm_tokens
+    from modeling_xl.training.data_sources import tokenizer_recipe
 
     lines = wikitext_lines(3000)
     assert any("<unk>" in line.split() for line in lines)  # WikiText holds the literal word <unk>
@@ -155,9 +154,7 @@ def test_trained_word_tokenizer_has_exactly_tokenizer_vocab_size_symbols(objecti
         corpus = {"train": datasets.Dataset.from_dict({"text": texts})}
         for size in (5, 6, 500):
             args = parse_args(["--preset", "debug", "--objective", objective, "--tokenizer_vocab_size", str(size)])
-            tokenizer = load_tokenizer(args, corpus)
-            if objective == "plm":
-                add_plm_tokens(tokenizer)
+            tokenizer = load_tokenizer(tokenizer_recipe(args), corpus["train"]["text"])
             assert len(tokenizer) == size, (size, texts is lines)
             assert tokenizer.convert_ids_to_tokens(0) == "<eos>" and tokenizer.unk_token == "<unk>"
             assert sorted(tokenizer.get_vocab().values()) == list(range(size))
@@ -170,19 +167,20 @@ def test_a_byte_order_mark_does_not_stick_to_the_first_word(tmp_path):
 
 
 def test_errors_of_the_validation_file_name_that_argument(tmp_path):
+    from modeling_xl.data.corpora import load_splits
     from modeling_xl.training.arguments import parse_args
-    from modeling_xl.training.corpus import load_splits
+    from modeling_xl.training.data_sources import corpus_source
 
     (tmp_path / "train.txt").write_text("one line\nanother line\n")
     (tmp_path / "blank.txt").write_text("\n \n")
     args = parse_args(["--train_file", str(tmp_path / "train.txt"), "--validation_file", str(tmp_path / "blank.txt")])
     with pytest.raises(ValueError, match=r"^validation_file='.*blank.txt': corpus '.*blank.txt' has no text \(2 rows"):
-        load_splits(args)
+        load_splits(corpus_source(args))
     (tmp_path / "valid.jsonl").write_text('{"body": "x"}\n')
     args = parse_args(["--train_file", str(tmp_path / "train.txt"), "--validation_file", str(tmp_path / "valid.jsonl")])
     with pytest.raises(ValueError, match=r"^validation_file='.*valid.jsonl': corpus '.*valid.jsonl' has columns "
                                          r"\['body'\]; expected a text column 'text'"):
-        load_splits(args)
+        load_splits(corpus_source(args))
 
 
 def test_a_folder_given_as_train_file_is_named_as_a_folder(tmp_path):

@@ -35,8 +35,10 @@ DRIVER = textwrap.dedent('''
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    from modeling_xl.data.pretraining import plm_data_from_tokens
+    from modeling_xl.data.sources import StreamLayout
     from modeling_xl.training import data_from_tokens, loop, parse_args, run_pretraining
-    from modeling_xl.training.plm import plm_data_from_tokens
+    from modeling_xl.training.plm_objective import plm_rows
 
     if os.environ.get("FORCE_FSDP"):  # Accelerate's FSDP path on CPU: switch the state it built (see module doc)
         from accelerate.state import PartialState
@@ -81,11 +83,12 @@ DRIVER = textwrap.dedent('''
         split = int(len(ids) * 0.9)
         info = {"char_level": True, "dataset_name": "tinyshakespeare"}
         if args.objective == "plm":
-            return plm_data_from_tokens(tokenizer, ids[:split], ids[split:], args, num_streams=per_process * world,
-                                        num_processes=world, process_index=rank, info=info)
-        return data_from_tokens(tokenizer, ids[:split], ids[split:], num_streams=per_process * world,
-                                tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
-                                process_index=rank, info=info)
+            return plm_data_from_tokens(tokenizer, ids[:split], ids[split:], plm_rows(args),
+                                        StreamLayout(per_process * world, args.tgt_len, args.eval_tgt_len, world,
+                                                     rank), info=info)
+        return data_from_tokens(tokenizer, ids[:split], ids[split:],
+                                StreamLayout(per_process * world, args.tgt_len, args.eval_tgt_len, world, rank),
+                                info=info)
 
 
     print(json.dumps(run_pretraining(parse_args(sys.argv[1:]), builder)))

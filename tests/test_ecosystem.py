@@ -17,11 +17,10 @@ from contextlib import redirect_stdout
 
 import pytest
 import torch
+from generated_corpora import wikitext_lines
 
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 from tokenization import train_word_level_tokenizer
-
-from generated_corpora import wikitext_lines
 
 
 @pytest.fixture(scope="module")
@@ -201,15 +200,15 @@ class _Args:
 def test_card_names_the_tokenizer_by_what_it_is(kind, expected):
     import numpy as np
 
-    from modeling_xl.training.corpus import describe
+    from modeling_xl.data.pretrain_data import describe
+    from modeling_xl.data.sources import CorpusSource, TokenizerRecipe
     from tokenization import byte_level_tokenizer, train_char_level_tokenizer, train_unigram_tokenizer
 
     lines = wikitext_lines(400)
     tokenizer = {"word": lambda: train_word_level_tokenizer(lines), "char": lambda: train_char_level_tokenizer(lines),
                  "byte": byte_level_tokenizer, "unigram": lambda: train_unigram_tokenizer(lines, vocab_size=200)}[kind]()
-    args = _Args()
-    args.tokenizer_type = kind
-    info = describe(args, "builtin", tokenizer, {"train": np.zeros(10), "validation": np.zeros(5)})
+    info = describe(CorpusSource(dataset_name="builtin"), TokenizerRecipe(kind=kind), tokenizer,
+                    {"train": np.zeros(10), "validation": np.zeros(5)})
     assert info["tokenizer"] == f"{expected}, {len(tokenizer):,} symbols, trained on the training split"
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+from modeling_xl.data.streams import EvalStreams
 from modeling_xl.evaluation.long_context import (
     evaluate_stream,
     load_eval_tokens,
@@ -20,7 +21,6 @@ from modeling_xl.evaluation.long_context import (
     vanilla_nll,
 )
 from modeling_xl.evaluation.stream_scoring import evaluate_causal_lm
-from modeling_xl.data.streams import EvalStreams
 
 REPO = Path(__file__).resolve().parents[1]
 

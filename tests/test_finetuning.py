@@ -234,10 +234,10 @@ def test_the_pair_summary_reads_both_texts_and_the_bidirectional_one_the_segment
 
 def test_pair_layout_of_the_unigram_tokenizer_has_segment_ids(tmp_path):
     """XLNet layout `A <sep> B <sep> <cls>` with segment ids 0/1/2, kept for the bidirectional backbone."""
+    import datasets
+
     from modeling_xl.finetuning.data import left_pad_collate, tokenize_split
     from tokenization import train_unigram_tokenizer
-
-    import datasets
 
     tokenizer = train_unigram_tokenizer([text for text, _ in sentiment_rows(300, 0)], vocab_size=60)
     data = datasets.Dataset.from_dict({"a": ["good w1", "bad"], "b": ["w2 w3", "fine w4 w5"], "label": [1, 0]})
@@ -711,8 +711,8 @@ def classifier_folder(tmp_path, lm_checkpoint, one_thread):
 def test_an_earlier_classifier_of_other_labels_gets_a_new_class_layer(classifier_folder, tmp_path, caplog):
     """From the four-topic classifier: two classes (another count: the user's crash), two other names of the same
     count, and the same four topics (the class layer kept). The sequence summary is kept in every case."""
-    from modeling_xl.finetuning.labels import LabelSpace
     from modeling_xl.finetuning.classification import build_model
+    from modeling_xl.finetuning.labels import LabelSpace
     from modeling_xl.finetuning.loop import _read_config
 
     source = AutoModelForSequenceClassification.from_pretrained(classifier_folder)
@@ -870,9 +870,9 @@ def test_dev_scores_of_two_processes_are_those_of_the_whole_dev_set(tmp_path):
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
 
+    from modeling_xl.finetuning.classification import evaluate_model
     from modeling_xl.finetuning.data import left_pad_collate
     from modeling_xl.finetuning.labels import LabelSpace
-    from modeling_xl.finetuning.classification import evaluate_model
     from modeling_xl.finetuning.tasks import task_for
 
     (tmp_path / "driver.py").write_text(TWO_PROCESS_EVAL)
@@ -982,9 +982,8 @@ def test_a_launch_whose_processes_each_run_alone_is_refused_before_anything_is_w
 # ---- what the tokenizer does to the user's text (issue 35, item 1) ---------------------------------------------------
 
 def test_unknown_token_report_names_case_characters_and_coverage():
-    from tokenization import train_word_level_tokenizer
-
     from modeling_xl.finetuning.coverage import unknown_token_report
+    from tokenization import train_word_level_tokenizer
 
     # lowercase=False: a case-sensitive tokenizer of lowercase text (as WT103's vocabulary, or one saved before the
     # lowercase normalizer); one trained here by default would lowercase its input
@@ -1035,8 +1034,9 @@ def test_an_unknown_heavy_tokenizer_stops_fine_tuning_with_the_cause_unless_allo
 def test_fine_tuning_from_a_transformers_xlnet_folder_imports_its_backbone(tmp_path):
     """The path a user with `xlnet-base-cased` takes: a transformers XLNet folder as model_name_or_path. Its backbone
     is imported (every weight equal to the folder's), not trained from a MISSING (random) backbone."""
-    from tokenization import train_word_level_tokenizer
     from transformers import XLNetConfig, XLNetLMHeadModel
+
+    from tokenization import train_word_level_tokenizer
 
     tokenizer = train_word_level_tokenizer(vocabulary_lines())
     xlnet = XLNetLMHeadModel(XLNetConfig(vocab_size=len(tokenizer), d_model=16, n_layer=2, n_head=2, d_inner=32,

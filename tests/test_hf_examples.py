@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 HF_EXAMPLES = Path(os.environ.get("MODELING_XL_HF_EXAMPLES", REPO.parent / "shared" / "hf_examples"))

@@ -173,8 +173,12 @@ def test_no_import_cycle(package):
 
 
 def _saved_folder(tmp_path, kind: str) -> Path:
-    from modeling_xl import (TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM,
-                             TransformerXLForSequenceClassification)
+    from modeling_xl import (
+        TransformerXLConfig,
+        TransformerXLForCausalLM,
+        TransformerXLForPermutationLM,
+        TransformerXLForSequenceClassification,
+    )
 
     uni = TransformerXLConfig.from_preset("debug")
     bi = TransformerXLConfig.from_preset("debug", adaptive=False, cutoffs=[], tie_projs=[False], attn_type="bi")

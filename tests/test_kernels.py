@@ -15,9 +15,9 @@ from modeling_xl import (
     TransformerXLPermutationModel,
 )
 from modeling_xl import kernel_registry as kernels
-from modeling_xl.layer_norm import LayerNorm
 from modeling_xl.adaptive_softmax import AdaptiveLogSoftmax
 from modeling_xl.adaptive_softmax_fused import full_log_probs, greedy_decoding
+from modeling_xl.layer_norm import LayerNorm
 
 
 def test_lookup_by_device_and_for_every_device():

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from modeling_xl.data.plm_layout import plm_layout, sentence_ids_from_eos
 from modeling_xl.data import plm_rows
+from modeling_xl.data.cached_corpus import cache_identity
+from modeling_xl.data.plm_layout import plm_layout, sentence_ids_from_eos
 from modeling_xl.data.plm_rows import PLMRowLayout, trim_lengths
 from modeling_xl.data.token_cache import cache_key, open_cache
 from modeling_xl.training import parse_args
-from modeling_xl.training.cached_corpus import cache_identity
-from modeling_xl.training.data_sources import build_data
+from modeling_xl.training.data_sources import build_data, corpus_source, token_cache, tokenizer_recipe
 from tokenization.word_level import WordCounter, count_words, train_word_level_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,21 +89,25 @@ def test_cache_batches_equal_in_memory_batches(corpus, tmp_path, objective, worl
     assert meta["dtype"] == "uint16" and set(meta["splits"]) == {"train", "validation"}
 
 
+def identity(args) -> dict:
+    return cache_identity(corpus_source(args), tokenizer_recipe(args))
+
+
 def test_cache_key_follows_corpus_and_tokenizer(corpus, tmp_path):
-    base = cache_key(cache_identity(args_for(corpus)))
-    assert cache_key(cache_identity(args_for(corpus))) == base
-    assert cache_key(cache_identity(args_for(corpus, "--tokenizer_vocab_size", "100"))) != base
-    assert cache_key(cache_identity(args_for(corpus, objective="plm"))) != base
+    base = cache_key(identity(args_for(corpus)))
+    assert cache_key(identity(args_for(corpus))) == base
+    assert cache_key(identity(args_for(corpus, "--tokenizer_vocab_size", "100"))) != base
+    assert cache_key(identity(args_for(corpus, objective="plm"))) != base
     edited = tmp_path / "train.txt"
     edited.write_text(corpus[0].read_text() + "one more line\n")
-    assert cache_key(cache_identity(args_for((edited, corpus[1])))) != base
+    assert cache_key(identity(args_for((edited, corpus[1])))) != base
 
 
 KILLED_BUILD = textwrap.dedent('''
     import os, signal, sys
     from modeling_xl.data import token_cache
     from modeling_xl.training import parse_args
-    from modeling_xl.training.cached_corpus import cached_tokens
+    from modeling_xl.training import data_sources
 
     write = token_cache.write_split_tokens
 
@@ -112,7 +116,7 @@ KILLED_BUILD = textwrap.dedent('''
         os.kill(os.getpid(), signal.SIGKILL)
 
     token_cache.write_split_tokens = write_then_die
-    import modeling_xl.training.cached_corpus as cached_corpus
+    import modeling_xl.data.cached_corpus as cached_corpus
     cached_corpus.write_split_tokens = write_then_die
     from modeling_xl.data import text_file_build  # the build that reads text files directly
 
@@ -123,7 +127,7 @@ KILLED_BUILD = textwrap.dedent('''
         os.kill(os.getpid(), signal.SIGKILL)
 
     text_file_build.encode_pieces = encode_then_die
-    cached_tokens(parse_args(sys.argv[1:]))
+    data_sources.token_cache(parse_args(sys.argv[1:]))
 ''')
 
 
@@ -134,7 +138,7 @@ def test_killed_build_is_never_used(corpus, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.run([sys.executable, "-c", KILLED_BUILD, *argv], env=env, capture_output=True, text=True)
     assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
-    key = cache_key(cache_identity(parse_args(argv)))
+    key = cache_key(identity(parse_args(argv)))
     assert (cache_dir / f"{key}.partial" / "train.bin").is_file()  # what the killed build left
     assert not (cache_dir / key).exists() and open_cache(cache_dir / f"{key}.partial") is None
     rebuilt = build_data(parse_args(argv + ["--tgt_len", "16", "--train_batch_size", "4"]), 0, 1, 4)
@@ -318,7 +322,8 @@ def test_rerun_with_the_first_runs_saved_tokenizer_opens_the_same_entry(corpus, 
     """A run trains its tokenizer and builds the entry (no cache flag: the default folder); a second run that loads
     the tokenizer saved in the first run's output folder opens that entry without building anything (the key follows
     the tokenizer's content, not how it was obtained), and the run record names the folder."""
-    from modeling_xl.training import cached_corpus, run_pretraining
+    from modeling_xl.data import cached_corpus
+    from modeling_xl.training import run_pretraining
 
     monkeypatch.setenv("MODELING_XL_CACHE", str(tmp_path / "home"))
     common = ["--preset", "debug", "--train_file", str(corpus[0]), "--validation_file", str(corpus[1]),
@@ -335,6 +340,6 @@ def test_rerun_with_the_first_runs_saved_tokenizer_opens_the_same_entry(corpus, 
 
     monkeypatch.setattr(cached_corpus, "build_from_text_files", no_build)
     monkeypatch.setattr(cached_corpus, "build_through_datasets", no_build)
-    again = cached_corpus.cached_tokens(parse_args(common + ["--tokenizer_name", str(tmp_path / "first"),
-                                                             "--output_dir", str(tmp_path / "second")]))
+    again = token_cache(parse_args(common + ["--tokenizer_name", str(tmp_path / "first"),
+                                             "--output_dir", str(tmp_path / "second")]))
     assert again.path == entries[0]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from modeling_xl.runtime.run_folder import LOCK_FILE, OutputDirLock, OutputDirLockedError
 from modeling_xl.training.arguments import parse_args
 from modeling_xl.training.loop import run_pretraining
-from modeling_xl.runtime.run_folder import LOCK_FILE, OutputDirLock, OutputDirLockedError
 
 REPO = Path(__file__).resolve().parents[1]
 

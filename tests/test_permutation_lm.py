@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
+from generated_corpora import wikitext_lines
 from transformers import AutoModelForPreTraining, XLNetConfig, XLNetLMHeadModel
 
 from modeling_xl import TransformerXLConfig, TransformerXLForPermutationLM
@@ -19,8 +20,6 @@ from modeling_xl.two_stream_attention import (
     segment_scores,
 )
 from modeling_xl.xlnet_conversion import from_xlnet
-
-from generated_corpora import wikitext_lines
 
 V = 50
 

@@ -13,9 +13,10 @@ import pyarrow as pa
 import pytest
 
 from modeling_xl.data import text_file_build
+from modeling_xl.data.cached_corpus import cache_identity
 from modeling_xl.data.token_cache import cache_key, open_cache
 from modeling_xl.training import parse_args
-from modeling_xl.training.cached_corpus import cache_identity, cached_tokens
+from modeling_xl.training.data_sources import corpus_source, token_cache, tokenizer_recipe
 from tokenization.arrow_words import split_words
 from tokenization.byte_words import split_text
 from tokenization.word_level import FirstSeenCounts, WordCounter, count_words
@@ -101,14 +102,12 @@ def corpus_text(kind: str, lines: int = 400, seed: int = 0) -> str:
 
 def in_memory_ids(args) -> tuple[dict, dict]:
     """({split: ids}, vocabulary) as the in-memory path makes them."""
+    from modeling_xl.data.corpora import load_splits
     from modeling_xl.data.tokenize import tokenize_corpus
-    from modeling_xl.training.corpus import load_splits, load_tokenizer
-    from modeling_xl.training.plm import add_plm_tokens
+    from modeling_xl.data.tokenizer_choice import load_tokenizer
 
-    corpus, _ = load_splits(args)
-    tokenizer = load_tokenizer(args, corpus)
-    if args.objective == "plm":
-        add_plm_tokens(tokenizer)
+    corpus, _ = load_splits(corpus_source(args))
+    tokenizer = load_tokenizer(tokenizer_recipe(args), corpus["train"]["text"])
     ids = tokenize_corpus(corpus, tokenizer, num_proc=1, load_from_cache_file=False)
     return {split: ids[split] for split in ("train", "validation")}, tokenizer.get_vocab()
 
@@ -119,7 +118,7 @@ def argv_for(train: Path, valid: Path | None, cache: Path, *extra) -> list[str]:
 
 
 def assert_cache_equals_in_memory(argv, cache_dir):
-    cache = cached_tokens(parse_args(argv))
+    cache = token_cache(parse_args(argv))
     assert cache.meta["build"]["method"] == "text files"
     reference, vocab = in_memory_ids(parse_args([a for a in argv if a not in ("--token_cache_dir", str(cache_dir))]))
     assert cache.tokenizer().get_vocab() == vocab
@@ -153,7 +152,7 @@ def test_folder_and_saved_tokenizer(tmp_path, monkeypatch, wikitext_folder):
             "--tokenizer_vocab_size", "500", "--disable_tqdm", "--preprocessing_num_workers", "2"]
     assert_cache_equals_in_memory(argv, tmp_path / "a")
     saved = tmp_path / "tokenizer"
-    cached_tokens(parse_args(argv)).tokenizer().save_pretrained(str(saved))
+    token_cache(parse_args(argv)).tokenizer().save_pretrained(str(saved))
     argv = ["--dataset_name", str(wikitext_folder), "--token_cache_dir", str(tmp_path / "b"),
             "--tokenizer_name", str(saved), "--disable_tqdm", "--preprocessing_num_workers", "2"]
     assert_cache_equals_in_memory(argv, tmp_path / "b")
@@ -168,14 +167,14 @@ def test_text_file_errors_name_the_file(tmp_path, content, message):
     train = tmp_path / "train.txt"
     train.write_bytes(content)
     with pytest.raises(ValueError, match=message):
-        cached_tokens(parse_args(argv_for(train, None, tmp_path / "cache")))
+        token_cache(parse_args(argv_for(train, None, tmp_path / "cache")))
 
 
 KILLED_PASS = textwrap.dedent('''
     import os, signal, sys
     from modeling_xl.data import text_file_build
     from modeling_xl.training import parse_args
-    from modeling_xl.training.cached_corpus import cached_tokens
+    from modeling_xl.training.data_sources import token_cache
 
     text_file_build.PIECE_BYTES = 50
     step = getattr(text_file_build, sys.argv[1])
@@ -185,7 +184,7 @@ KILLED_PASS = textwrap.dedent('''
         os.kill(os.getpid(), signal.SIGKILL)
 
     setattr(text_file_build, sys.argv[1], step_then_die)
-    cached_tokens(parse_args(sys.argv[2:]))
+    token_cache(parse_args(sys.argv[2:]))
 ''')
 
 
@@ -198,7 +197,7 @@ def test_killed_text_file_build_is_never_used(tmp_path, step):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.run([sys.executable, "-c", KILLED_PASS, step, *argv], env=env, capture_output=True, text=True)
     assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
-    key = cache_key(cache_identity(parse_args(argv)))
+    key = cache_key(cache_identity(corpus_source(parse_args(argv)), tokenizer_recipe(parse_args(argv))))
     left = cache_dir / f"{key}.partial"
     assert any(left.rglob("piece*")) if step == "count_pieces" else (left / "train.bin").is_file()
     assert not (cache_dir / key).exists() and open_cache(left) is None
@@ -216,7 +215,7 @@ def test_other_corpora_and_tokenizers_still_build_through_datasets(tmp_path):
     for name, train, extra in (("jsonl", jsonl, []), ("byte", text, ["--tokenizer_type", "byte"])):
         cache_dir = tmp_path / name
         argv = argv_for(train, None, cache_dir, *extra)
-        cache = cached_tokens(parse_args(argv))
+        cache = token_cache(parse_args(argv))
         assert cache.meta["build"]["method"] == "datasets"
         reference, vocab = in_memory_ids(parse_args([a for a in argv if a not in ("--token_cache_dir", str(cache_dir))]))
         assert cache.tokenizer().get_vocab() == vocab
@@ -235,6 +234,6 @@ def test_cased_text_against_a_lowercase_corpus_finds_its_words_in_both_builds(tm
     cache = tmp_path / "cache"
     argv = argv_for(train, valid, cache)
     assert_cache_equals_in_memory(argv, cache)
-    tokenizer = cached_tokens(parse_args(argv)).tokenizer()
+    tokenizer = token_cache(parse_args(argv)).tokenizer()
     assert tokenizer("W3 CAF\u00c9 Caf\u00e9")["input_ids"] == tokenizer("w3 caf\u00e9 caf\u00e9")["input_ids"]
     assert tokenizer.unk_token_id not in tokenizer("W1 W2 W3", add_special_tokens=False)["input_ids"]

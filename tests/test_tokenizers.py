@@ -13,14 +13,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tokenization import (build_vocab, byte_level_tokenizer, char_level_tokenizer, check_vocab_matches, encode_lines,
-                          read_legacy_vocab_pkl, tokenizer_from_vocab, train_char_level_tokenizer,
-                          train_unigram_tokenizer, train_word_level_tokenizer, word_level_tokenizer)
-from tokenization.arrow_words import WordLevelPlan, insert_after_each_line
-
 from generated_corpora import play_text
 
+from tokenization import (
+    build_vocab,
+    byte_level_tokenizer,
+    char_level_tokenizer,
+    check_vocab_matches,
+    encode_lines,
+    read_legacy_vocab_pkl,
+    tokenizer_from_vocab,
+    train_char_level_tokenizer,
+    train_unigram_tokenizer,
+    train_word_level_tokenizer,
+    word_level_tokenizer,
+)
+from tokenization.arrow_words import WordLevelPlan, insert_after_each_line
 
 
 def read_lines(path: Path) -> list[str]:
@@ -361,7 +369,7 @@ def test_word_level_tokenizer_of_a_lowercase_corpus_lowercases_its_input(tmp_pat
     with the folder. A cased corpus (or `lowercase=False`) keeps the case: WikiText's ids stay the reference's."""
     from transformers import AutoTokenizer
 
-    from modeling_xl.training.corpus import word_level_tokenizer_from_counts
+    from modeling_xl.data.tokenizer_choice import word_level_tokenizer_from_counts
     from tokenization.word_level import count_words, has_uppercase
 
     lines = ["the cat sat on the mat", "a caf\u00e9 by the sea"]

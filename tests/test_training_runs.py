@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from generated_corpora import play_text
 
 pytestmark = pytest.mark.slow  # several launches of 1 and 2 processes: `.ci/run` leaves them out of its second pass
@@ -34,6 +33,7 @@ DRIVER = textwrap.dedent('''
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    from modeling_xl.data.sources import StreamLayout
     from modeling_xl.training import data_from_tokens, loop, parse_args, run_pretraining
 
 
@@ -50,9 +50,9 @@ DRIVER = textwrap.dedent('''
         tokenizer = char_tokenizer(text)
         ids = tokenizer(text)["input_ids"]
         split = int(len(ids) * 0.9)
-        data = data_from_tokens(tokenizer, ids[:split], ids[split:], num_streams=per_process * world,
-                                tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
-                                process_index=rank, info={"char_level": True, "dataset_name": "play"})
+        data = data_from_tokens(tokenizer, ids[:split], ids[split:],
+                                StreamLayout(per_process * world, args.tgt_len, args.eval_tgt_len, world, rank),
+                                info={"char_level": True, "dataset_name": "play"})
         if os.environ.get("RECORD_ROWS"):  # what this rank reads at each step
             original, seen = data.train.batch, {}
 

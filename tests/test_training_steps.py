@@ -12,16 +12,24 @@ from unittest import mock
 import pytest
 import torch
 from accelerate import Accelerator
+from generated_corpora import play_text
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
-from modeling_xl.training import NonFiniteLossError, data_from_tokens, parse_args, run_pretraining, train_step
-from modeling_xl.training import list_checkpoints, objectives
-from modeling_xl.training.plm import plm_data_from_tokens
+from modeling_xl.data.pretraining import plm_data_from_tokens
+from modeling_xl.data.sources import StreamLayout
+from modeling_xl.training import (
+    NonFiniteLossError,
+    data_from_tokens,
+    list_checkpoints,
+    objectives,
+    parse_args,
+    run_pretraining,
+    train_step,
+)
+from modeling_xl.training.plm_objective import plm_rows
 from modeling_xl.training.steps import clm_objective
-
-from generated_corpora import play_text
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS_TEXT = play_text(40_000)  # generated (tests/generated_corpora.py): no data beside the checkout needed
@@ -39,17 +47,18 @@ def builder(args, rank, world, per_process):
     text = CORPUS_TEXT[:20_000]
     tokenizer = char_tokenizer(text)
     ids = tokenizer(text)["input_ids"]
-    return data_from_tokens(tokenizer, ids[:18_000], ids[18_000:], num_streams=per_process * world,
-                            tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
-                            process_index=rank, info={"char_level": True, "dataset_name": "play"})
+    return data_from_tokens(tokenizer, ids[:18_000], ids[18_000:],
+                            StreamLayout(per_process * world, args.tgt_len, args.eval_tgt_len, world, rank),
+                            info={"char_level": True, "dataset_name": "play"})
 
 
 def plm_builder(args, rank, world, per_process):
     text = CORPUS_TEXT[:20_000]
     tokenizer = char_tokenizer(text)
     ids = tokenizer(text)["input_ids"]
-    return plm_data_from_tokens(tokenizer, ids[:18_000], ids[18_000:], args, num_streams=per_process * world,
-                                num_processes=world, process_index=rank, info={"dataset_name": "play"})
+    return plm_data_from_tokens(tokenizer, ids[:18_000], ids[18_000:], plm_rows(args),
+                                StreamLayout(per_process * world, args.tgt_len, args.eval_tgt_len, world, rank),
+                                info={"dataset_name": "play"})
 
 
 def debug_args(out, *extra):
@@ -161,9 +170,9 @@ def builder_with(characters: int = 20_000, extra_symbol: str = ""):
         text = CORPUS_TEXT[:characters]
         tokenizer = char_tokenizer(text + extra_symbol)
         ids = tokenizer(text)["input_ids"]
-        return data_from_tokens(tokenizer, ids[:-2000], ids[-2000:], num_streams=per_process * world,
-                                tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
-                                process_index=rank, info={"char_level": True, "dataset_name": "play"})
+        return data_from_tokens(tokenizer, ids[:-2000], ids[-2000:],
+                                StreamLayout(per_process * world, args.tgt_len, args.eval_tgt_len, world, rank),
+                                info={"char_level": True, "dataset_name": "play"})
 
     return build
 
@@ -399,9 +408,9 @@ def test_a_tokenizer_that_leaves_most_of_the_corpus_unknown_is_warned_about(tmp_
             text = CORPUS_TEXT[:20_000]
             tokenizer = char_tokenizer(alphabet or text)
             ids = tokenizer(text)["input_ids"]
-            return data_from_tokens(tokenizer, ids[:18_000], ids[18_000:], num_streams=per_process * world,
-                                    tgt_len=args.tgt_len, eval_tgt_len=args.eval_tgt_len, num_processes=world,
-                                    process_index=rank, info={"char_level": True, "dataset_name": "play"})
+            return data_from_tokens(tokenizer, ids[:18_000], ids[18_000:],
+                                    StreamLayout(per_process * world, args.tgt_len, args.eval_tgt_len, world, rank),
+                                    info={"char_level": True, "dataset_name": "play"})
         return build
 
     (tmp_path / "tok").mkdir()  # the run's tokenizer comes from the builder; the argument marks it as from elsewhere
@@ -422,8 +431,10 @@ def test_unigram_tokenizer_runs_the_main_command(objective, tmp_path):
     alone and reads cased text the corpus never had without <unk>, in XLNet's `P <sep> Q <sep> <cls>` layout."""
     from transformers import AutoTokenizer
 
-    from modeling_xl.training.corpus import load_splits, load_tokenizer
+    from modeling_xl.data.corpora import load_splits
     from modeling_xl.data.tokenize import tokenize_corpus
+    from modeling_xl.data.tokenizer_choice import load_tokenizer
+    from modeling_xl.training.data_sources import corpus_source, tokenizer_recipe
 
     out = tmp_path / objective
     extra = ["--objective", "plm", "--tgt_len", "16", "--mem_len", "8"] if objective == "plm" else []
@@ -437,8 +448,8 @@ def test_unigram_tokenizer_runs_the_main_command(objective, tmp_path):
     pair = tokenizer("Zebra Quartz", "QUIXOTIC jackdaws")["input_ids"]
     assert tokenizer.unk_token_id not in pair and pair[-1] == tokenizer.cls_token_id
     args = parse_args(["--preset", "debug", "--tokenizer_type", "unigram", "--tokenizer_vocab_size", "400"])
-    corpus, _ = load_splits(args)
+    corpus, _ = load_splits(corpus_source(args))
     small = {"validation": corpus["validation"].select(range(3))}
-    stream = tokenize_corpus(small, load_tokenizer(args, corpus))["validation"].tolist()
+    stream = tokenize_corpus(small, load_tokenizer(tokenizer_recipe(args), corpus["train"]["text"]))["validation"].tolist()
     end, sep, cls = (tokenizer.convert_tokens_to_ids(t) for t in ("</s>", "<sep>", "<cls>"))
     assert stream.count(end) == 3 and stream[-1] == end and sep not in stream and cls not in stream

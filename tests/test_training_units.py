@@ -8,17 +8,17 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from generated_corpora import write_wikitext_folder
 
+from modeling_xl.data.pretrain_data import data_from_tokens
+from modeling_xl.data.sources import StreamLayout
+from modeling_xl.evaluation.stream_scoring import bits_per_character, perplexity, recurrence_settings
 from modeling_xl.runtime.run_folder import check_output_dir
 from modeling_xl.training import arguments as arguments_module
 from modeling_xl.training.accumulation import chunk_loss_weight, chunk_slices
 from modeling_xl.training.arguments import parse_args, processes_split
 from modeling_xl.training.checkpointing import list_checkpoints, resolve_checkpoint, save_checkpoint
-from modeling_xl.evaluation.stream_scoring import bits_per_character, perplexity, recurrence_settings
 from modeling_xl.training.publishing import HubUploadError, push_folder, upload_file_list
-from modeling_xl.training.data import data_from_tokens
-
-from generated_corpora import write_wikitext_folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def test_a_short_run_of_a_preset_scales_the_recipes_warmup():
 
 def test_character_level_is_read_from_a_saved_tokenizer():
     """A char or byte tokenizer given by --tokenizer_name reports bits per character (it went by --tokenizer_type)."""
-    from modeling_xl.training.corpus import is_character_level
+    from modeling_xl.data.tokenizer_choice import is_character_level
     from tokenization import byte_level_tokenizer, train_char_level_tokenizer, train_word_level_tokenizer
 
     assert is_character_level(train_char_level_tokenizer(["ab c"])) and is_character_level(byte_level_tokenizer())
@@ -156,9 +156,8 @@ class _Tokenizer:
 
 def test_train_batches_wrap_epochs_and_keep_each_rank_on_its_rows():
     tokens = torch.randint(0, 50, (331,))
-    whole = data_from_tokens(_Tokenizer(), tokens, tokens[:60], num_streams=4, tgt_len=8, eval_tgt_len=8)
-    ranks = [data_from_tokens(_Tokenizer(), tokens, tokens[:60], num_streams=4, tgt_len=8, eval_tgt_len=8,
-                              num_processes=2, process_index=r) for r in range(2)]
+    whole = data_from_tokens(_Tokenizer(), tokens, tokens[:60], StreamLayout(4, 8, 8))
+    ranks = [data_from_tokens(_Tokenizer(), tokens, tokens[:60], StreamLayout(4, 8, 8, 2, r)) for r in range(2)]
     per_epoch = len(whole.train)  # (331 - 1) // 4 = 82 tokens per row -> 10 segments
     assert per_epoch == 10
     seen = list(whole.train_batches(8, 13, "cpu"))
@@ -176,8 +175,7 @@ def test_train_batches_wrap_epochs_and_keep_each_rank_on_its_rows():
 
 def test_token_ids_outside_the_tokenizer_are_rejected():
     with pytest.raises(ValueError, match=r"training token ids reach 77, outside the tokenizer's vocabulary of 50"):
-        data_from_tokens(_Tokenizer(), torch.tensor([1, 77] * 40), torch.arange(20), num_streams=2, tgt_len=4,
-                         eval_tgt_len=4)
+        data_from_tokens(_Tokenizer(), torch.tensor([1, 77] * 40), torch.arange(20), StreamLayout(2, 4, 4))
 
 
 # ---------------------------------------------------------------- accumulation and evaluation maths
@@ -324,12 +322,14 @@ class _WordTokenizer:
 
 
 def _plm_data(*argv, valid_tokens=1200):
-    from modeling_xl.training.plm import plm_data_from_tokens
+    from modeling_xl.data.pretraining import plm_data_from_tokens
+    from modeling_xl.training.plm_objective import plm_rows
 
     rng = np.random.default_rng(0)
     args = parse_args(["--objective", "plm", "--preset", "debug", "--tgt_len", "16", "--mem_len", "8", *argv])
-    return plm_data_from_tokens(_WordTokenizer(), rng.integers(0, 50, 3000), rng.integers(0, 50, valid_tokens), args,
-                                num_streams=args.train_batch_size), args
+    layout = StreamLayout(args.train_batch_size, args.tgt_len, args.eval_tgt_len)
+    return plm_data_from_tokens(_WordTokenizer(), rng.integers(0, 50, 3000), rng.integers(0, 50, valid_tokens),
+                                plm_rows(args), layout), args
 
 
 def test_plm_batch_of_a_step_does_not_depend_on_max_train_steps():
@@ -348,13 +348,13 @@ def test_plm_batch_of_a_step_does_not_depend_on_max_train_steps():
 
 def test_plm_final_evaluation_reads_the_whole_validation_split():
     from modeling_xl.training.models import build_config, build_model
-    from modeling_xl.training.plm import plm_evaluate, plm_model_class
+    from modeling_xl.training.plm_objective import plm_evaluate, plm_model_class
 
     data, args = _plm_data("--max_train_steps", "4", "--max_eval_segments", "2")
     assert len(data.validation) == (1200 // 4 - 16) // 8 + 1  # every step of every validation row: 36
     model = build_model(args, build_config(args, 52), plm_model_class())
     seen = []
-    with mock.patch("modeling_xl.training.plm.plm_step", side_effect=lambda m, batch, mems: (
+    with mock.patch("modeling_xl.training.plm_objective.plm_step", side_effect=lambda m, batch, mems: (
             seen.append(model.config.same_length) or (torch.ones(()), batch["target_mask"].sum(), None))):
         capped = plm_evaluate(model, model.config, data, args, "cpu", max_segments=2, reduce=None)
         final = plm_evaluate(model, model.config, data, args, "cpu", max_segments=None, reduce=None)
@@ -373,17 +373,20 @@ def _card(tmp_path, argv, data_info):
 
 
 def test_card_of_a_local_dataset_folder_names_it_without_its_path(tmp_path):
-    from modeling_xl.training.corpus import describe
+    from modeling_xl.data.pretrain_data import describe
+    from modeling_xl.training.data_sources import corpus_source, tokenizer_recipe
 
     data_root = tmp_path / "data"
     folder = str(write_wikitext_folder(data_root / "wikitext-2", train_lines=20)) + "/"
     args = parse_args(["--preset", "debug", "--dataset_name", folder])
-    info = describe(args, folder, _Tokenizer(), {"train": np.zeros(10), "validation": np.zeros(5)})
+    info = describe(corpus_source(args), tokenizer_recipe(args), _Tokenizer(),
+                    {"train": np.zeros(10), "validation": np.zeros(5)})
     assert info["dataset_name"] == "wikitext-2" and info["hub_dataset"] is None
     card = _card(tmp_path, ["--dataset_name", folder], info)
     assert card.data.datasets is None and str(data_root) not in str(card)
     assert card.data.eval_results[0].dataset_type == "wikitext-2"
-    hub = describe(parse_args(["--dataset_name", "someone/corpus"]), "someone/corpus", _Tokenizer(),
+    hub_args = parse_args(["--dataset_name", "someone/corpus"])
+    hub = describe(corpus_source(hub_args), tokenizer_recipe(hub_args), _Tokenizer(),
                    {"train": np.zeros(10), "validation": np.zeros(5)})
     assert _card(tmp_path, [], hub).data.datasets == ["someone/corpus"]
 
@@ -428,8 +431,10 @@ def test_plm_bi_data_gives_every_process_and_chunk_forward_rows_then_their_backw
     """The model reads the first half of the rows it is given with the forward position table and the second half
     with the backward one: with bi_data every process's accumulation chunk must hold forward rows followed by the same
     rows read backwards, not a process or chunk of forward rows only."""
+    from modeling_xl.data.plm_streams import bidirectional_row_order
+    from modeling_xl.data.pretraining import plm_data_from_tokens
     from modeling_xl.training.accumulation import chunk_slices
-    from modeling_xl.training.plm import bidirectional_row_order, plm_data_from_tokens
+    from modeling_xl.training.plm_objective import plm_rows
 
     assert bidirectional_row_order(8, 2) == [0, 1, 4, 5, 2, 3, 6, 7]
     rng = np.random.default_rng(0)
@@ -438,8 +443,8 @@ def test_plm_bi_data_gives_every_process_and_chunk_forward_rows_then_their_backw
                        "--train_batch_size", "8", "--gradient_accumulation_steps", "2", "--max_train_steps", "3"])
     seen = []
     for process in range(2):
-        data = plm_data_from_tokens(_WordTokenizer(), train_ids, valid_ids, args, num_streams=8, num_processes=2,
-                                    process_index=process)
+        data = plm_data_from_tokens(_WordTokenizer(), train_ids, valid_ids, plm_rows(args),
+                                    StreamLayout(8, args.tgt_len, args.eval_tgt_len, 2, process))
         samples = [data.train.layout.sample(i, 1) for i in data.train.rows]  # step 1 of this process's rows
         for chunk in chunk_slices(len(samples), 2):
             part = samples[chunk]

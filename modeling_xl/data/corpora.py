@@ -24,6 +24,8 @@ from pathlib import Path
 import datasets
 import pyarrow.compute as pc
 
+from .sources import CorpusSource
+
 logger = logging.getLogger(__name__)
 
 BUILTIN_NAMES = ("builtin", "stdlib-docs")
@@ -242,3 +244,35 @@ def _is_prose(paragraph: str) -> bool:
         return False
     letters = sum(c.isalpha() or c == " " for c in text)
     return letters / len(text) >= 0.8
+
+
+# held out from the end of the training rows when the corpus has no validation split
+VALIDATION_FRACTION = 0.05
+
+
+def load_splits(source: CorpusSource):
+    """DatasetDict with train and validation splits (the validation split: `source.validation_file`, the corpus's
+    own, or the training split's last `VALIDATION_FRACTION` of rows), and the corpus's name for the model card."""
+    location, name = source.location, source.argument
+    try:
+        corpus = load_corpus(location, source.dataset_config_name, text_column=source.text_column)
+    except OSError as error:
+        raise ValueError(f"{name}={location!r} could not be loaded: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"{name}={location!r}: {error}") from None
+    if source.validation_file:
+        try:
+            validation = load_corpus(source.validation_file, text_column=source.text_column)["train"]
+        except (OSError, ValueError) as error:
+            raise ValueError(f"validation_file={source.validation_file!r}: {error}") from None
+        corpus = datasets.DatasetDict({**corpus, "validation": validation})
+    if "validation" not in corpus:
+        rows = corpus["train"].num_rows
+        held_out = max(1, int(rows * VALIDATION_FRACTION))
+        if rows < 2:
+            raise ValueError(f"{name}={location!r} has {rows} row(s) and no validation split; expected a "
+                             "--validation_file or a corpus with at least two lines")
+        logger.info("no validation split: holding out the last %d of %d training rows", held_out, rows)
+        corpus = datasets.DatasetDict({"train": corpus["train"].select(range(rows - held_out)),
+                                       "validation": corpus["train"].select(range(rows - held_out, rows))})
+    return datasets.DatasetDict({"train": corpus["train"], "validation": corpus["validation"]}), str(location)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .plm_layout import (NUM_SPECIAL_TOKENS, SEGMENT_A, SEGMENT_B, SEGMENT_CLS, _check_layout_args, sample_rng)
+from .plm_layout import NUM_SPECIAL_TOKENS, SEGMENT_A, SEGMENT_B, SEGMENT_CLS, _check_layout_args, sample_rng
 
 SCAN = 4096  # tokens read per step of a boundary scan
 

@@ -1,51 +1,50 @@
-"""`build_data(args, ...)`: where a pretraining run's tokens come from — the corpus in memory (`corpus`), the
-memory-mapped token cache (`cached_corpus`, `--token_cache_dir`) or a `datasets` stream (`streaming_corpus`,
-`--streaming`) — and this process's rows of them (modeling_xl.data.streams, or training.plm).
-
-Every failure here (missing file or dataset, undecodable text, empty corpus, too few tokens for the streams) happens
-before the model is built, so bad input costs seconds, not a training run.
-"""
+"""`build_data(args, ...)`: a pretraining run's arguments turned into the explicit fields of the data pipeline
+(`modeling_xl.data.sources`), and its one call, `modeling_xl.data.pretraining.build_pretraining_data`."""
 
 from __future__ import annotations
 
-from accelerate import PartialState
+from ..configuration_transformer_xl import PRESETS
+from ..data.pretrain_data import PretrainData
+from ..data.sources import CorpusSource, StreamLayout, TokenizerRecipe
 
-from .corpus import describe, load_splits, load_tokenizer
-from .data import PretrainData, data_from_tokens
+
+def corpus_source(args) -> CorpusSource:
+    return CorpusSource(train_file=args.train_file, dataset_name=args.dataset_name,
+                        dataset_config_name=args.dataset_config_name, validation_file=args.validation_file,
+                        text_column=args.text_column)
+
+
+def tokenizer_recipe(args) -> TokenizerRecipe:
+    """--tokenizer_name, else the tokenizer saved with --model_name_or_path, else one trained on the training split
+    (--tokenizer_type, of --tokenizer_vocab_size or the preset's vocabulary size)."""
+    return TokenizerRecipe(kind=args.tokenizer_type,
+                           vocab_size=args.tokenizer_vocab_size or PRESETS[args.preset]["vocab_size"],
+                           saved=args.tokenizer_name or args.model_name_or_path,
+                           saved_argument="tokenizer_name" if args.tokenizer_name else "model_name_or_path",
+                           plm_tokens=args.objective == "plm")
 
 
 def build_data(args, process_index: int, num_processes: int, per_process: int) -> PretrainData:
-    """Tokenizer and ordered streams of this process. The main process loads and tokenizes first (it fills the
-    `datasets` cache); the others then read the cache."""
-    if args.streaming:
-        from .streaming_corpus import build_streaming_data
+    """Tokenizer and rows of this process (`per_process` streams of each process's share)."""
+    from ..data.pretraining import build_pretraining_data
 
-        return build_streaming_data(args, process_index, num_processes, per_process)
-    with PartialState().main_process_first():
-        if args.token_cache_dir is not None:  # tokenized once, memory-mapped by every process and later run
-            from .cached_corpus import cached_tokens
-
-            cache = cached_tokens(args)
-            tokenizer, source = cache.tokenizer(), str(args.train_file or args.dataset_name)
-            ids = {split: cache.tokens(split) for split in ("train", "validation")}
-        else:
-            corpus, source = load_splits(args)
-            tokenizer = load_tokenizer(args, corpus)
-            if args.objective == "plm":
-                from .plm import add_plm_tokens
-
-                add_plm_tokens(tokenizer)
-            from ..data.tokenize import tokenize_corpus
-
-            ids = tokenize_corpus(corpus, tokenizer, text_column=args.text_column,
-                                  num_proc=args.preprocessing_num_workers)
-    info = describe(args, source, tokenizer, ids)
-    num_streams = per_process * num_processes
+    layout = StreamLayout(num_streams=per_process * num_processes, tgt_len=args.tgt_len,
+                          eval_tgt_len=args.eval_tgt_len, num_processes=num_processes, process_index=process_index)
+    plm = None
     if args.objective == "plm":
-        from .plm import plm_data_from_tokens
+        from .plm_objective import plm_rows
 
-        return plm_data_from_tokens(tokenizer, ids["train"], ids["validation"], args, num_streams=num_streams,
-                                    num_processes=num_processes, process_index=process_index, info=info)
-    return data_from_tokens(tokenizer, ids["train"], ids["validation"], num_streams=num_streams, tgt_len=args.tgt_len,
-                            eval_tgt_len=args.eval_tgt_len, num_processes=num_processes, process_index=process_index,
-                            info=info)
+        plm = plm_rows(args)
+    return build_pretraining_data(corpus_source(args), tokenizer_recipe(args), layout, plm=plm,
+                                  cache_dir=args.token_cache_dir, streaming=args.streaming,
+                                  num_train_tokens=args.num_train_tokens, num_proc=args.preprocessing_num_workers,
+                                  show_progress=not args.disable_tqdm, char_level=args.char_level)
+
+
+def token_cache(args):
+    """The token cache entry of a run's corpus and tokenizer in `--token_cache_dir`, built when absent (without
+    training: e.g. to build it once before several runs)."""
+    from ..data.cached_corpus import cached_tokens
+
+    return cached_tokens(corpus_source(args), tokenizer_recipe(args), args.token_cache_dir,
+                         num_proc=args.preprocessing_num_workers, show_progress=not args.disable_tqdm)

@@ -18,12 +18,13 @@ from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, Pr
 
 from tokenization import declare_task_tokens
 
+from ..data.pretrain_data import UNKNOWN_WARNING_SHARE, PretrainData, unknown_share
+from ..data.tokenizer_choice import tokenizer_vocab_size
 from ..runtime.checkpoint_state import check_compatible, read_training_state
 from ..runtime.processes import end_run, is_launch_main_process, keep_freed_host_memory
 from ..runtime.run_folder import FINAL_FILES, LOG_FILE, OutputDirLock, StepLog, clear_run_records, prepare_output_dir
 from .arguments import RUN_RECORDS, PretrainArguments, earlier_pretraining_run, processes_split, save_resolved
 from .checkpointing import check_same_stream, load_checkpoint, resolve_checkpoint, save_checkpoint, schedule_change
-from .data import UNKNOWN_WARNING_SHARE, PretrainData, tokenizer_vocab_size, unknown_share
 from .engines import check_engine, describe_run, final_model, refuse_split_world, refuse_unsupported
 from .feedback import PLOT_FILE, Progress, plot_losses, tracker_names
 from .models import build_config, build_model, build_optimizer, build_scheduler
@@ -114,7 +115,7 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
               "tokenizer_vocab_size": tokenizer_vocab_size(data.tokenizer), "objective": args.objective}
     if args.objective == "plm":  # its samples, targets and permutations are drawn from these
         from ..data.plm_layout import SAMPLING_VERSION
-        from .plm import plm_settings
+        from .plm_objective import plm_settings
 
         stream.update(seed=args.seed, bi_data=args.bi_data, plm_sampling_version=SAMPLING_VERSION,
                       **plm_settings(args))

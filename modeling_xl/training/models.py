@@ -26,7 +26,7 @@ def build_config(args, vocab_size: int, eos_token_id: int | None = None) -> Tran
     overrides.update({k: getattr(args, k) for k in ("dropout", "dropatt") if getattr(args, k) is not None})
     architecture = {}
     if args.objective == "plm":
-        from .plm import plm_config_overrides
+        from .plm_objective import plm_config_overrides
 
         architecture = plm_config_overrides(args)
         overrides.update(reuse_len=architecture.pop("reuse_len"), bi_data=architecture.pop("bi_data"))

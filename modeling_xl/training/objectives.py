@@ -41,7 +41,7 @@ def objective_for(args, data) -> Objective:
         from ..modeling_transformer_xl import TransformerXLForCausalLM
 
         return Objective("clm", TransformerXLForCausalLM, clm_objective, _clm_targets, _clm_evaluate, args.tgt_len)
-    from .plm import plm_evaluate, plm_model_class, plm_settings, plm_step, plm_target_count
+    from .plm_objective import plm_evaluate, plm_model_class, plm_settings, plm_step, plm_target_count
 
     # Each step moves every row reuse_len tokens further through its text: only the reuse part of a sample is new (its
     # A part is the next step's reuse part, its B part a continuation or a random segment), so tokens/s and

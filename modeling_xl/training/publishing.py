@@ -66,7 +66,7 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
     metric_type, metric_name = ("bpc", "Bits per character") if "bpc" in results else ("perplexity", "Perplexity")
     reuse_len = None
     if args.objective == "plm":  # exp(NLL per predicted token) under the permutation objective, not a causal LM's
-        from .plm import plm_settings
+        from .plm_objective import plm_settings
 
         metric_name = "Permutation-LM perplexity"
         reuse_len = plm_settings(args)["reuse_len"]

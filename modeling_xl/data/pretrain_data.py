@@ -1,13 +1,18 @@
-"""Data for a pretraining run: tokenizer, this process's training rows, its validation rows, facts for the card."""
+"""What a pretraining run reads (`PretrainData`: the tokenizer, this process's training and validation rows, facts
+for the card), made from token ids (`data_from_tokens`), and the facts about its corpus and tokenizer (`describe`)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..data.streams import EvalStreams, OrderedStreams
+from .sources import CorpusSource, StreamLayout, TokenizerRecipe
+from .streams import EvalStreams, OrderedStreams
+from .tokenizer_choice import is_character_level, tokenizer_kind, tokenizer_vocab_size
 
 
 @dataclass
@@ -56,11 +61,6 @@ def unknown_share(data: PretrainData, max_batches: int = 32) -> float | None:
 UNKNOWN_WARNING_SHARE = 0.10
 
 
-def tokenizer_vocab_size(tokenizer) -> int:
-    """Ids the model must accept: len(tokenizer), or more when the vocabulary has gaps (highest id + 1)."""
-    return max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
-
-
 def _token_array(ids) -> np.ndarray:
     """Token ids as a 1-D numpy array without copying an array or memmap (a cached corpus stays on disk)."""
     if isinstance(ids, torch.Tensor):
@@ -68,9 +68,8 @@ def _token_array(ids) -> np.ndarray:
     return ids if isinstance(ids, np.ndarray) else np.asarray(ids, dtype=np.int64)
 
 
-def data_from_tokens(tokenizer, train_ids, valid_ids, *, num_streams: int, tgt_len: int, eval_tgt_len: int,
-                     num_processes: int = 1, process_index: int = 0, info: dict | None = None) -> PretrainData:
-    """PretrainData from two 1-D token id sequences (training and validation), split over processes."""
+def data_from_tokens(tokenizer, train_ids, valid_ids, layout: StreamLayout, info: dict | None = None) -> PretrainData:
+    """PretrainData from two 1-D token id sequences (training and validation), split over processes by `layout`."""
     vocab = tokenizer_vocab_size(tokenizer)
     train_ids, valid_ids = _token_array(train_ids), _token_array(valid_ids)
     for name, ids in (("training", train_ids), ("validation", valid_ids)):
@@ -79,7 +78,40 @@ def data_from_tokens(tokenizer, train_ids, valid_ids, *, num_streams: int, tgt_l
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             raise ValueError(f"the {name} token ids reach {int(ids.max())}, outside the tokenizer's vocabulary of "
                              f"{vocab}; expected ids produced by the same tokenizer")
-    train = OrderedStreams(train_ids, num_streams, tgt_len, rank=process_index, world_size=num_processes)
-    validation = EvalStreams(valid_ids, num_streams, eval_tgt_len, rank=process_index, world_size=num_processes)
+    where = dict(rank=layout.process_index, world_size=layout.num_processes)
+    train = OrderedStreams(train_ids, layout.num_streams, layout.tgt_len, **where)
+    validation = EvalStreams(valid_ids, layout.num_streams, layout.eval_tgt_len, **where)
     facts = {"train_tokens": len(train_ids), "eval_tokens": len(valid_ids), **(info or {})}
     return PretrainData(tokenizer, train, validation, facts)
+
+
+def describe(corpus: CorpusSource, recipe: TokenizerRecipe, tokenizer, ids: dict, char_level: bool | None = None
+             ) -> dict:
+    """Facts about the data for logs and the model card (`char_level` overrides what the tokenizer says)."""
+    from .corpora import BUILTIN_NAMES
+
+    source = corpus.location
+    if char_level is None and recipe.saved is not None:  # a saved tokenizer: what it is, not the recipe's kind
+        char_level = is_character_level(tokenizer)
+    elif char_level is None:
+        char_level = recipe.kind in ("char", "byte")
+    pretty = {"builtin": "the built-in offline corpus (English prose from the Python standard library's docstrings)"}
+    builtin = source in BUILTIN_NAMES
+    local = not builtin and os.path.exists(source)
+    # a local file or folder is named by its base name (its path says nothing on another machine); only a Hub id
+    # (`wikitext`, `user/name`) is linked from the card's `datasets:` metadata
+    name = Path(source).resolve().name if local else source
+    description = pretty.get(source, f"`{name}`" + (" (local files)" if local else "")
+                             + (f" ({corpus.dataset_config_name})" if corpus.dataset_config_name else ""))
+    return {
+        "dataset_name": name,
+        "dataset_pretty_name": name,
+        "hub_dataset": None if local or builtin else source,
+        "description": description,
+        "tokenizer": f"{tokenizer_kind(tokenizer)}, {len(tokenizer):,} symbols"
+                     + (", trained on the training split" if recipe.saved is None else ""),
+        "char_level": char_level,
+        "example_prompt": "The",
+        "train_tokens": int(len(ids["train"])),
+        "eval_tokens": int(len(ids["validation"])),
+    }

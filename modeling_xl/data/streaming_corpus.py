@@ -19,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.corpora import BUILDERS, SPLIT_ALIASES, TEXT_OPTIONS
-from ..data.streams import EvalStreams, StreamingOrderedStreams
-from .data import PretrainData, tokenizer_vocab_size
+from .corpora import BUILDERS, SPLIT_ALIASES, TEXT_OPTIONS
+from .pretrain_data import PretrainData, describe
+from .sources import CorpusSource, StreamLayout, TokenizerRecipe
+from .streams import EvalStreams, StreamingOrderedStreams
+from .tokenizer_choice import load_tokenizer, tokenizer_vocab_size, word_level_tokenizer_from_counts
 
 logger = logging.getLogger(__name__)
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4")
@@ -92,55 +94,47 @@ def token_chunks(data, tokenizer, text_column: str):
         yield encode_lines(lines, tokenizer, plan)[0]
 
 
-def streaming_tokenizer(args, train):
+def streaming_tokenizer(recipe: TokenizerRecipe, train, text_column: str):
     """A saved tokenizer, the byte-level one, or a word-level one trained on streamed counts (same ids as the
     in-memory path: `WordCounter` reproduces `count_words`)."""
-    from .corpus import load_tokenizer, word_level_tokenizer_from_counts
-
-    if args.tokenizer_name or args.model_name_or_path or args.tokenizer_type == "byte":
-        return load_tokenizer(args, None)
+    if recipe.saved is not None or recipe.kind == "byte":
+        return load_tokenizer(recipe)
     from tokenization.word_level import WordCounter
 
-    from ..configuration_transformer_xl import PRESETS
-
     counter = WordCounter()
-    for lines in text_batches(train, args.text_column):
+    for lines in text_batches(train, text_column):
         counter.update(lines)
-    return word_level_tokenizer_from_counts(*counter.result(),
-                                            args.tokenizer_vocab_size or PRESETS[args.preset]["vocab_size"])
+    return word_level_tokenizer_from_counts(*counter.result(), recipe.vocab_size)
 
 
-def build_streaming_data(args, process_index: int, num_processes: int, per_process: int) -> PretrainData:
-    """PretrainData whose training rows stream from the corpus (clm only; see the module docstring)."""
-    from .corpus import describe
-
-    source = args.train_file or args.dataset_name
-    splits = streaming_splits(source, args.dataset_config_name, args.text_column)
-    if args.validation_file:
-        splits["validation"] = streaming_splits(args.validation_file, None, args.text_column)["train"]
+def build_streaming_data(corpus: CorpusSource, recipe: TokenizerRecipe, layout: StreamLayout,
+                         num_train_tokens: int | None = None, char_level: bool | None = None):
+    """PretrainData whose training rows stream from the corpus (causal LM only; see the module docstring)."""
+    splits = streaming_splits(corpus.location, corpus.dataset_config_name, corpus.text_column)
+    if corpus.validation_file:
+        splits["validation"] = streaming_splits(corpus.validation_file, None, corpus.text_column)["train"]
     if "validation" not in splits:
-        raise ValueError(f"streaming=True with {'train_file' if args.train_file else 'dataset_name'}={source!r}: no "
-                         "validation split; expected --validation_file or a corpus with a validation split (a stream "
-                         "cannot hold out its last rows)")
-    tokenizer = streaming_tokenizer(args, splits["train"])
+        raise ValueError(f"streaming=True with {corpus.argument}={corpus.location!r}: no validation split; expected "
+                         "--validation_file or a corpus with a validation split (a stream cannot hold out its last "
+                         "rows)")
+    tokenizer = streaming_tokenizer(recipe, splits["train"], corpus.text_column)
     train = splits["train"]
 
     def open_chunks():
-        return token_chunks(train, tokenizer, args.text_column)
+        return token_chunks(train, tokenizer, corpus.text_column)
 
-    num_tokens = args.num_train_tokens
-    if num_tokens is None:
+    if num_train_tokens is None:
         logger.info("streaming: counting the training tokens (one pass; --num_train_tokens skips it)")
-        num_tokens = sum(chunk.size for chunk in open_chunks())
-    chunks = list(token_chunks(splits["validation"], tokenizer, args.text_column))
+        num_train_tokens = sum(chunk.size for chunk in open_chunks())
+    chunks = list(token_chunks(splits["validation"], tokenizer, corpus.text_column))
     valid_ids = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
-    num_streams = per_process * num_processes
-    streams = StreamingOrderedStreams(open_chunks, num_streams, args.tgt_len, num_tokens=num_tokens,
-                                      rank=process_index, world_size=num_processes)
-    validation = EvalStreams(valid_ids, num_streams, args.eval_tgt_len, rank=process_index, world_size=num_processes)
+    where = dict(rank=layout.process_index, world_size=layout.num_processes)
+    streams = StreamingOrderedStreams(open_chunks, layout.num_streams, layout.tgt_len, num_tokens=num_train_tokens,
+                                      **where)
+    validation = EvalStreams(valid_ids, layout.num_streams, layout.eval_tgt_len, **where)
     vocab = tokenizer_vocab_size(tokenizer)
     if valid_ids.size and int(valid_ids.max()) >= vocab:
         raise ValueError(f"the validation token ids reach {int(valid_ids.max())}, outside the tokenizer's vocabulary "
                          f"of {vocab}; expected ids produced by the same tokenizer")
-    info = describe(args, str(source), tokenizer, {"train": range(num_tokens), "validation": valid_ids})
+    info = describe(corpus, recipe, tokenizer, {"train": range(num_train_tokens), "validation": valid_ids}, char_level)
     return PretrainData(tokenizer, streams, validation, info)
