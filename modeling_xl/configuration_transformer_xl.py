@@ -190,29 +190,7 @@ class TransformerXLConfig(PreTrainedConfig):
             if not 0 <= value < self.vocab_size:
                 raise ValueError(f"{field}={value!r} is invalid; expected None or a token id in "
                                  f"[0, vocab_size={self.vocab_size})")
-        if not isinstance(self.cutoffs, list) or not isinstance(self.tie_projs, list):
-            raise ValueError(f"cutoffs={self.cutoffs!r}, tie_projs={self.tie_projs!r} are invalid; expected lists")
-        if not _is_int(self.div_val) or self.div_val < 1:
-            raise ValueError(f"div_val={self.div_val!r} is invalid; expected an integer >= 1")
-        cutoffs = self.cutoffs
-        if any(not _is_int(c) or c <= 0 for c in cutoffs):
-            raise ValueError(f"cutoffs={cutoffs!r} is invalid; expected positive integers")
-        if sorted(set(cutoffs)) != cutoffs:
-            raise ValueError(f"cutoffs={cutoffs!r} is invalid; expected strictly increasing values")
-        if cutoffs and cutoffs[-1] >= self.vocab_size:
-            raise ValueError(
-                f"cutoffs={cutoffs!r} is invalid; expected every cutoff below vocab_size={self.vocab_size}"
-            )
-        if len(self.tie_projs) != len(cutoffs) + 1:
-            raise ValueError(
-                f"tie_projs={self.tie_projs!r} is invalid; expected one flag per cluster ({len(cutoffs) + 1})"
-            )
-        for i in range(len(cutoffs) + 1):
-            if self.d_embed // self.div_val**i < 1:
-                raise ValueError(
-                    f"div_val={self.div_val} is too large for d_embed={self.d_embed}: cluster {i} would have "
-                    "no dimensions; expected d_embed // div_val**i >= 1 for every cluster"
-                )
+        self._validate_adaptive()
         if not _is_int(self.mem_len) or self.mem_len < 0:
             raise ValueError(f"mem_len={self.mem_len!r} is invalid; expected an integer >= 0")
         if not _is_int(self.clamp_len) or (self.clamp_len < 0 and self.clamp_len != -1):
@@ -239,6 +217,34 @@ class TransformerXLConfig(PreTrainedConfig):
             value = getattr(self, field, 5)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{field}={value!r} is invalid; expected a positive integer")
+
+
+    def _validate_adaptive(self) -> None:
+        """The adaptive input and softmax: strictly increasing `cutoffs` below vocab_size, one `tie_projs` flag per
+        cluster, and a width of at least 1 for every cluster (`d_embed // div_val**i`)."""
+        if not isinstance(self.cutoffs, list) or not isinstance(self.tie_projs, list):
+            raise ValueError(f"cutoffs={self.cutoffs!r}, tie_projs={self.tie_projs!r} are invalid; expected lists")
+        if not _is_int(self.div_val) or self.div_val < 1:
+            raise ValueError(f"div_val={self.div_val!r} is invalid; expected an integer >= 1")
+        cutoffs = self.cutoffs
+        if any(not _is_int(c) or c <= 0 for c in cutoffs):
+            raise ValueError(f"cutoffs={cutoffs!r} is invalid; expected positive integers")
+        if sorted(set(cutoffs)) != cutoffs:
+            raise ValueError(f"cutoffs={cutoffs!r} is invalid; expected strictly increasing values")
+        if cutoffs and cutoffs[-1] >= self.vocab_size:
+            raise ValueError(
+                f"cutoffs={cutoffs!r} is invalid; expected every cutoff below vocab_size={self.vocab_size}"
+            )
+        if len(self.tie_projs) != len(cutoffs) + 1:
+            raise ValueError(
+                f"tie_projs={self.tie_projs!r} is invalid; expected one flag per cluster ({len(cutoffs) + 1})"
+            )
+        for i in range(len(cutoffs) + 1):
+            if self.d_embed // self.div_val**i < 1:
+                raise ValueError(
+                    f"div_val={self.div_val} is too large for d_embed={self.d_embed}: cluster {i} would have "
+                    "no dimensions; expected d_embed // div_val**i >= 1 for every cluster"
+                )
 
 
 # the architecture fields a legacy config.json must give (everything else has the transformers-4.x default)

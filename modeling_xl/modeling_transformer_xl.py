@@ -243,14 +243,9 @@ class TransformerXLModel(TransformerXLPreTrainedModel):
         **kwargs,
     ) -> TransformerXLModelOutput | tuple:
         """`attention_mask` (optional, 1 = real token, 0 = padding) [B, T] or [B, M+T] (memory included) hides padding
-        keys on top of the causal mask (used by sequence classification with padded batches).
-
-        `use_cache` (default True) applies only without gradients (and outside `torch.inference_mode`): each layer
-        keeps the keys and values it computed for the memory it returns, and reuses them when that memory comes back
-        unchanged in the next call, instead of projecting it again (equal up to float rounding; see `inference_cache`,
-        which also says what it cannot see). It holds keys and values of the memory in buffers with room to append
-        the next segment's (`inference_cache.AppendRoom`): up to 3 (M + T) / M times the memory's size;
-        `use_cache=False` drops them and recomputes, and so does every forward with gradients."""
+        keys on top of the causal mask. `use_cache` (default True; only without gradients): each layer keeps the keys
+        and values of the memory it returns and reuses them when that memory comes back unchanged (`inference_cache`);
+        `use_cache=False` drops them and recomputes, as every forward with gradients does."""
         cfg = self.config
         output_attentions = cfg.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = cfg.output_hidden_states if output_hidden_states is None else output_hidden_states

@@ -99,71 +99,78 @@ _PUSH_ARG = {"BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "UNICODE", "BININT
 _NO_OP = {"PROTO", "FRAME", "POP_MARK"}
 
 
-def _walk(data: bytes):
-    """Evaluate the data-only subset of the pickle machine; returns the top object."""
-    stack, marks, memo = [], [], {}
+class _PickleMachine:
+    """The data-only subset of the pickle machine: a stack, marks and a memo; `step` runs one opcode."""
 
-    def pop_mark():
-        start = marks.pop()
-        items = stack[start:]
-        del stack[start:]
+    def __init__(self):
+        self.stack, self.marks, self.memo = [], [], {}
+
+    def pop_mark(self) -> list:
+        start = self.marks.pop()
+        items = self.stack[start:]
+        del self.stack[start:]
         return items
 
-    for opcode, arg, _ in pickletools.genops(data):
-        name = opcode.name
-        if name in _NO_OP:
-            continue
-        if name == "STOP":
-            return stack.pop()
+    def step(self, name: str, arg) -> None:
         if name in _PUSH_CONSTANT:
-            stack.append(_PUSH_CONSTANT[name])
+            self.stack.append(_PUSH_CONSTANT[name])
         elif name in _PUSH_ARG:
-            stack.append(arg)
+            self.stack.append(arg)
         elif name == "MARK":
-            marks.append(len(stack))
+            self.marks.append(len(self.stack))
         elif name in ("EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_SET"):
-            stack.append({"EMPTY_DICT": {}, "EMPTY_LIST": [], "EMPTY_TUPLE": (), "EMPTY_SET": []}[name])
+            self.stack.append({"EMPTY_DICT": {}, "EMPTY_LIST": [], "EMPTY_TUPLE": (), "EMPTY_SET": []}[name])
         elif name in ("TUPLE", "LIST", "DICT", "FROZENSET"):
-            items = pop_mark()
-            stack.append(dict(zip(items[::2], items[1::2])) if name == "DICT" else
-                         tuple(items) if name == "TUPLE" else list(items))
+            items = self.pop_mark()
+            self.stack.append(dict(zip(items[::2], items[1::2])) if name == "DICT" else
+                              tuple(items) if name == "TUPLE" else list(items))
         elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
             count = int(name[-1])
-            items = tuple(stack[-count:])
-            del stack[-count:]
-            stack.append(items)
+            items = tuple(self.stack[-count:])
+            del self.stack[-count:]
+            self.stack.append(items)
         elif name == "APPEND":
-            value = stack.pop()
-            stack[-1].append(value)
+            value = self.stack.pop()
+            self.stack[-1].append(value)
         elif name in ("APPENDS", "ADDITEMS"):
-            items = pop_mark()
-            stack[-1].extend(items)
+            items = self.pop_mark()
+            self.stack[-1].extend(items)
         elif name in ("SETITEM", "SETITEMS"):
-            items = [stack.pop(-2), stack.pop()] if name == "SETITEM" else pop_mark()
-            target = stack[-1]
+            items = [self.stack.pop(-2), self.stack.pop()] if name == "SETITEM" else self.pop_mark()
+            target = self.stack[-1]
             (target.items if isinstance(target, _Opaque) else target).update(zip(items[::2], items[1::2]))
         elif name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
-            memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1]
+            self.memo[len(self.memo) if name == "MEMOIZE" else arg] = self.stack[-1]
         elif name in ("GET", "BINGET", "LONG_BINGET"):
-            stack.append(memo[arg])
+            self.stack.append(self.memo[arg])
         elif name == "GLOBAL":
-            stack.append(_Opaque(arg.replace(" ", ".")))
+            self.stack.append(_Opaque(arg.replace(" ", ".")))
         elif name == "STACK_GLOBAL":
-            qualname, module = stack.pop(), stack.pop()
-            stack.append(_Opaque(f"{module}.{qualname}"))
+            qualname, module = self.stack.pop(), self.stack.pop()
+            self.stack.append(_Opaque(f"{module}.{qualname}"))
         elif name in ("REDUCE", "NEWOBJ"):
-            args, callable_ = stack.pop(), stack.pop()
-            stack.append(_Opaque(getattr(callable_, "name", "?"), tuple(args)).as_plain())
+            args, callable_ = self.stack.pop(), self.stack.pop()
+            self.stack.append(_Opaque(getattr(callable_, "name", "?"), tuple(args)).as_plain())
         elif name == "NEWOBJ_EX":
-            stack.pop()
-            args, cls = stack.pop(), stack.pop()
-            stack.append(_Opaque(getattr(cls, "name", "?"), tuple(args)).as_plain())
+            self.stack.pop()
+            args, cls = self.stack.pop(), self.stack.pop()
+            self.stack.append(_Opaque(getattr(cls, "name", "?"), tuple(args)).as_plain())
         elif name == "BUILD":
-            state = stack.pop()
-            if isinstance(stack[-1], _Opaque):
-                stack[-1].state = state
-            elif isinstance(stack[-1], dict) and isinstance(state, dict):
-                stack[-1].update(state)
+            state = self.stack.pop()
+            if isinstance(self.stack[-1], _Opaque):
+                self.stack[-1].state = state
+            elif isinstance(self.stack[-1], dict) and isinstance(state, dict):
+                self.stack[-1].update(state)
         else:
             raise ValueError(f"unsupported pickle opcode {name}")
+
+
+def _walk(data: bytes):
+    """Evaluate the data-only subset of the pickle machine; returns the top object."""
+    machine = _PickleMachine()
+    for opcode, arg, _ in pickletools.genops(data):
+        if opcode.name == "STOP":
+            return machine.stack.pop()
+        if opcode.name not in _NO_OP:
+            machine.step(opcode.name, arg)
     raise ValueError("no STOP opcode")

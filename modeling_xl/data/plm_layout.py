@@ -143,6 +143,20 @@ def _check_layout_args(num_tokens: int, batch_size: int, seq_len: int, reuse_len
     return num_rows
 
 
+def _rows_of(stream: np.ndarray, sentence_ids: np.ndarray, num_rows: int, bi_data: bool):
+    """(rows [B, L], their sentence ids [B, L], reverse [B]): the stream cut into `num_rows` contiguous rows; with
+    `bi_data` the same rows again, read backwards (rows [B/2, B))."""
+    row_len = len(stream) // num_rows
+    rows = stream[: num_rows * row_len].reshape(num_rows, row_len)
+    row_sentences = sentence_ids[: num_rows * row_len].reshape(num_rows, row_len)
+    reverse = np.zeros(num_rows, dtype=np.int64)
+    if bi_data:
+        rows = np.concatenate([rows, rows[:, ::-1]])
+        row_sentences = np.concatenate([row_sentences, row_sentences[:, ::-1]])
+        reverse = np.concatenate([reverse, np.ones(num_rows, dtype=np.int64)])
+    return rows, row_sentences, reverse
+
+
 def plm_layout(
     stream: np.ndarray,
     batch_size: int,
@@ -179,16 +193,8 @@ def plm_layout(
     if sentence_ids.shape != stream.shape:
         raise ValueError(f"sentence_ids must have the stream's shape {stream.shape}, got {sentence_ids.shape}")
     num_rows = _check_layout_args(len(stream), batch_size, seq_len, reuse_len, bi_data)
-
-    row_len = len(stream) // num_rows
-    rows = stream[: num_rows * row_len].reshape(num_rows, row_len)
-    row_sentences = sentence_ids[: num_rows * row_len].reshape(num_rows, row_len)
-    reverse = np.zeros(num_rows, dtype=np.int64)
-    if bi_data:  # rows [B/2, B) read the same text backwards
-        rows = np.concatenate([rows, rows[:, ::-1]])
-        row_sentences = np.concatenate([row_sentences, row_sentences[:, ::-1]])
-        reverse = np.concatenate([reverse, np.ones(num_rows, dtype=np.int64)])
-
+    rows, row_sentences, reverse = _rows_of(stream, sentence_ids, num_rows, bi_data)
+    row_len = rows.shape[1]
     total_len = seq_len - reuse_len - NUM_SPECIAL_TOKENS
     num_steps = (row_len - seq_len) // reuse_len + 1
     if max_steps is not None:

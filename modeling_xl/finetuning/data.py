@@ -76,33 +76,36 @@ def _load_raw_datasets(args) -> datasets.DatasetDict:
         raise ValueError(f"train/validation files have suffixes {sorted(suffixes)}; expected both .csv, .tsv, .json "
                          "or .jsonl")
     builder, options = LOCAL_BUILDERS[next(iter(suffixes))]
+    return datasets.DatasetDict({split: _read_split(split, path, builder, options) for split, path in files.items()})
+
+
+def _read_split(split: str, path: str, builder: str, options: dict):
+    """One local file as a split, with errors that name the argument and the file."""
     expected = "expected a header row and at least one example" if builder == "csv" else "expected at least one example"
-    raw = {}
-    for split, path in files.items():
-        argument = f"{split}_file={path!r}"
-        if Path(path).stat().st_size == 0:
-            raise ValueError(f"{argument} is empty (0 bytes); {expected}")
-        if builder == "csv" and _lines_with_text(path, 2) < 2:
-            found = "holds a header but no rows" if _lines_with_text(path, 1) else "holds only blank lines"
-            raise ValueError(f"{argument} {found}; {expected}")
-        try:
-            raw[split] = load_split_files(builder, {split: path}, **options)[split]
-        except OSError:
-            raise
-        except Exception as error:  # datasets' own message names neither the argument nor the file
-            cause, seen = error, set()  # datasets' DatasetGenerationError wraps the parser's error: show that
-            while isinstance(cause, DatasetGenerationError) and cause.__cause__ is not None and id(cause) not in seen:
-                seen.add(id(cause))
-                cause = cause.__cause__
-            raise ValueError(f"{argument} could not be read as {Path(path).suffix.lower()[1:].upper()} "
-                             f"({type(cause).__name__}: {str(cause).strip()}); {expected}"
-                             f"{_separator_hint(path)}") from error
-        if builder == "json" and len(raw[split]) == 1 and "data" in raw[split].column_names:
-            # one JSON object whose "data" holds the rows (SQuAD's files, transformers' run_qa.py convention)
-            raw[split] = load_split_files(builder, {split: path}, field="data", **options)[split]
-        if len(raw[split]) == 0:
-            raise ValueError(f"{argument} has no rows; {expected}")
-    return datasets.DatasetDict(raw)
+    argument = f"{split}_file={path!r}"
+    if Path(path).stat().st_size == 0:
+        raise ValueError(f"{argument} is empty (0 bytes); {expected}")
+    if builder == "csv" and _lines_with_text(path, 2) < 2:
+        found = "holds a header but no rows" if _lines_with_text(path, 1) else "holds only blank lines"
+        raise ValueError(f"{argument} {found}; {expected}")
+    try:
+        rows = load_split_files(builder, {split: path}, **options)[split]
+    except OSError:
+        raise
+    except Exception as error:  # datasets' own message names neither the argument nor the file
+        cause, seen = error, set()  # datasets' DatasetGenerationError wraps the parser's error: show that
+        while isinstance(cause, DatasetGenerationError) and cause.__cause__ is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            cause = cause.__cause__
+        raise ValueError(f"{argument} could not be read as {Path(path).suffix.lower()[1:].upper()} "
+                         f"({type(cause).__name__}: {str(cause).strip()}); {expected}"
+                         f"{_separator_hint(path)}") from error
+    if builder == "json" and len(rows) == 1 and "data" in rows.column_names:
+        # one JSON object whose "data" holds the rows (SQuAD's files, transformers' run_qa.py convention)
+        rows = load_split_files(builder, {split: path}, field="data", **options)[split]
+    if len(rows) == 0:
+        raise ValueError(f"{argument} has no rows; {expected}")
+    return rows
 
 
 def _separator_hint(path) -> str:

@@ -83,9 +83,9 @@ def run_pretraining(args: PretrainArguments, data_builder: Callable[..., Pretrai
 
 def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     started = time.perf_counter()
-    resuming = args.resume_from_checkpoint is not None
     sources = {name: getattr(args, name) for name in ("model_name_or_path", "config_name", "tokenizer_name")}
-    output_dir = prepare_output_dir(args.output_dir, earlier_pretraining_run, FINAL_FILES, sources, resuming=resuming,
+    output_dir = prepare_output_dir(args.output_dir, earlier_pretraining_run, FINAL_FILES, sources,
+                                    resuming=args.resume_from_checkpoint is not None,
                                     overwrite=args.overwrite_output_dir)
     accelerator = make_accelerator(args)
     describe_run(accelerator, args)
@@ -95,40 +95,15 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     global_batch, per_process = processes_split(args, accelerator.num_processes)
     layout = {"train_batch_size": global_batch, "num_processes": accelerator.num_processes,
               "gradient_accumulation_steps": args.gradient_accumulation_steps, "tgt_len": args.tgt_len}
-    resume_from, saved = None, None
-    if resuming:  # checked before anything is written or loaded, on every process
-        resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint)
-        saved = read_training_state(resume_from)
-        check_process_layout(saved, layout, resume_from)  # another number of processes, same streams per chunk
-        check_compatible(saved, {k: v for k, v in layout.items() if k not in PROCESS_KEYS}, resume_from,
-                         args.max_train_steps)
-        change = schedule_change(saved, args.max_train_steps, args.num_warmup_steps, args.lr_scheduler_type)
-        if change and accelerator.is_main_process:
-            logger.warning("resume_from_checkpoint=%r: %s", str(resume_from), change)
+    resume_from, saved = checkpoint_to_resume(accelerator, args, output_dir, layout)
     set_seed(args.seed)
     if data_builder is None:
-        from .data_sources import (
-            build_data as data_builder,  # the data pipeline (datasets, tokenizers) is only needed here
-        )
+        from .data_sources import build_data as data_builder  # the data pipeline is only needed here
     data = data_builder(args, accelerator.process_index, accelerator.num_processes, per_process)
-    stream = {"train_tokens": data.info.get("train_tokens"),  # identifies the token stream a checkpoint continues
-              "tokenizer_vocab_size": tokenizer_vocab_size(data.tokenizer), "objective": args.objective}
-    if args.objective == "plm":  # its samples, targets and permutations are drawn from these
-        from ..data.plm_layout import SAMPLING_VERSION
-        from .plm_objective import plm_settings
-
-        stream.update(seed=args.seed, bi_data=args.bi_data, plm_sampling_version=SAMPLING_VERSION,
-                      **plm_settings(args))
+    stream = training_stream(args, data)
     if saved is not None:  # still before anything is written or loaded
         check_same_stream(saved, stream, resume_from)
-    tokenizer_source = args.tokenizer_name or args.model_name_or_path
-    if tokenizer_source and args.objective == "clm" and not args.streaming and accelerator.is_main_process:
-        share = unknown_share(data)  # of the main process's rows: a warning, not a check
-        if share is not None and share > UNKNOWN_WARNING_SHARE:
-            logger.warning("%.1f%% of the first training tokens are the tokenizer's unknown token %r (tokenizer of "
-                           "%s): the loss and perplexity will be mostly about predicting it; expected a tokenizer "
-                           "trained on this kind of text (scripts/train_tokenizer.py)", 100 * share,
-                           data.tokenizer.unk_token, tokenizer_source)
+    warn_about_unknown_tokens(accelerator, args, data)
     config = build_config(args, stream["tokenizer_vocab_size"], data.tokenizer.eos_token_id)
     objective = objective_for(args, data)
     model = build_model(args, config, objective.model_class)
@@ -151,7 +126,8 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
         accelerator.init_trackers("pretrain", config=_flat_hparams(args))
     keep_freed_host_memory(accelerator.device)  # after the data, the model and a resume: their peaks are one-off
     try:
-        train(accelerator, args, model, optimizer, scheduler, data, objective, state, {**layout, **stream}, global_batch)
+        train(accelerator, args, model, optimizer, scheduler, data, objective, state, {**layout, **stream},
+              global_batch)
     except NonFiniteLossError as error:
         accelerator.end_training()
         kept = state.last_checkpoint or "none (no checkpoint was written yet)"
@@ -163,6 +139,52 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     del model, optimizer, scheduler  # the prepared wrappers go before the process group (see `end_run`)
     end_run(accelerator)
     return results
+
+
+def checkpoint_to_resume(accelerator, args, output_dir, layout: dict):
+    """(folder, training state) of the checkpoint `--resume_from_checkpoint` names, checked before anything is
+    written or loaded, on every process: the batch layout (another number of processes is allowed when each chunk
+    keeps its streams) and the step; a changed schedule is warned about. (None, None) without a resume."""
+    if args.resume_from_checkpoint is None:
+        return None, None
+    resume_from = resolve_checkpoint(output_dir, args.resume_from_checkpoint)
+    saved = read_training_state(resume_from)
+    check_process_layout(saved, layout, resume_from)  # another number of processes, same streams per chunk
+    check_compatible(saved, {k: v for k, v in layout.items() if k not in PROCESS_KEYS}, resume_from,
+                     args.max_train_steps)
+    change = schedule_change(saved, args.max_train_steps, args.num_warmup_steps, args.lr_scheduler_type)
+    if change and accelerator.is_main_process:
+        logger.warning("resume_from_checkpoint=%r: %s", str(resume_from), change)
+    return resume_from, saved
+
+
+def training_stream(args, data: PretrainData) -> dict:
+    """What identifies the token stream a checkpoint continues: its length, the tokenizer's vocabulary, the
+    objective, and for the permutation LM the seed and sampling settings its samples, targets and permutations are
+    drawn from."""
+    stream = {"train_tokens": data.info.get("train_tokens"),
+              "tokenizer_vocab_size": tokenizer_vocab_size(data.tokenizer), "objective": args.objective}
+    if args.objective == "plm":
+        from ..data.plm_layout import SAMPLING_VERSION
+        from .plm_objective import plm_settings
+
+        stream.update(seed=args.seed, bi_data=args.bi_data, plm_sampling_version=SAMPLING_VERSION,
+                      **plm_settings(args))
+    return stream
+
+
+def warn_about_unknown_tokens(accelerator, args, data: PretrainData) -> None:
+    """A warning (not a check) when a tokenizer from elsewhere leaves much of the main process's first training
+    tokens unknown: the loss and perplexity would then be mostly about predicting <unk>."""
+    tokenizer_source = args.tokenizer_name or args.model_name_or_path
+    if not tokenizer_source or args.objective != "clm" or args.streaming or not accelerator.is_main_process:
+        return
+    share = unknown_share(data)
+    if share is not None and share > UNKNOWN_WARNING_SHARE:
+        logger.warning("%.1f%% of the first training tokens are the tokenizer's unknown token %r (tokenizer of "
+                       "%s): the loss and perplexity will be mostly about predicting it; expected a tokenizer "
+                       "trained on this kind of text (scripts/train_tokenizer.py)", 100 * share,
+                       data.tokenizer.unk_token, tokenizer_source)
 
 
 def restore(accelerator, folder, saved: dict, state: RunState, args) -> None:

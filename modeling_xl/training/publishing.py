@@ -53,6 +53,23 @@ def push_folder(folder, repo_id: str, token: str | None = None, private: bool = 
     return str(getattr(info, "commit_url", info))
 
 
+def card_hyperparameters(args, data_info: dict) -> list[tuple[str, object]]:
+    """(name, value) rows of the card's hyperparameter table: the preset, the objective, the batch, the model or
+    config folder given, the recipe's settings, precision, size and processes."""
+    given = args.model_name_or_path or args.config_name
+    rows = [("preset" if given is None else "recipe preset", args.preset), ("objective", args.objective),
+            ("train_batch_size (streams)", data_info.get("train_batch_size", args.train_batch_size))]
+    rows += [(name, Path(getattr(args, name)).name) for name in ("model_name_or_path", "config_name")
+             if getattr(args, name)]
+    rows += [(k, getattr(args, k)) for k in (
+        "gradient_accumulation_steps", "tgt_len", "mem_len", "eval_tgt_len", "eval_mem_len", "eval_clamp_len",
+        "eval_same_length", "max_train_steps", "learning_rate", "optimizer", "weight_decay", "lr_scheduler_type",
+        "num_warmup_steps", "max_grad_norm", "seed")]
+    return rows + [("mixed_precision", data_info.get("mixed_precision", args.mixed_precision)),
+                   ("parameters", f"{data_info.get('num_parameters', 0):,}"),
+                   ("processes", data_info.get("num_processes", 1))]
+
+
 def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wall_time_s: float,
                hardware: str, template: str = "causal_lm.md", usage_path: str | None = None) -> ModelCard:
     """Render `model_cards/<template>` with `model-index` metadata built offline (ModelCardData + EvalResult).
@@ -86,17 +103,6 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
     given = args.model_name_or_path or args.config_name
     architecture = (f"Transformer-XL ({args.preset} preset)" if given is None
                     else f"Transformer-XL (the configuration of `{Path(given).name}`)")
-    hyperparameters = [("preset" if given is None else "recipe preset", args.preset), ("objective", args.objective),
-                       ("train_batch_size (streams)", global_batch)]
-    hyperparameters += [(name, Path(getattr(args, name)).name) for name in ("model_name_or_path", "config_name")
-                        if getattr(args, name)]
-    hyperparameters += [(k, getattr(args, k)) for k in (
-        "gradient_accumulation_steps", "tgt_len", "mem_len", "eval_tgt_len", "eval_mem_len", "eval_clamp_len",
-        "eval_same_length", "max_train_steps", "learning_rate", "optimizer", "weight_decay", "lr_scheduler_type",
-        "num_warmup_steps", "max_grad_norm", "seed")]
-    hyperparameters += [("mixed_precision", data_info.get("mixed_precision", args.mixed_precision)),
-                        ("parameters", f"{data_info.get('num_parameters', 0):,}"),
-                        ("processes", data_info.get("num_processes", 1))]
     shown = [(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in results.items()]
     if "start" in data_info:  # the same metrics before training, for scale
         shown += [(f"{k} at step 0", f"{v:.4f}" if isinstance(v, float) else v)
@@ -116,7 +122,7 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
         scored_tokens=(f"{results['eval_tokens']:,}" if "eval_tokens" in results
                        and results["eval_tokens"] != data_info.get("eval_tokens") else None),
         tokenizer_description=data_info.get("tokenizer", "see tokenizer files"),
-        hp=args, global_batch=global_batch, hyperparameters=hyperparameters, results=shown,
+        hp=args, global_batch=global_batch, hyperparameters=card_hyperparameters(args, data_info), results=shown,
         reuse_len=reuse_len,
         metric_description="bits per character" if metric_type == "bpc" else "perplexity = exp(total NLL / tokens)",
         scale_note=("Trained for a few minutes on a small corpus: its perplexity is far from the paper's "
