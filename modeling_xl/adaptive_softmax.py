@@ -136,7 +136,7 @@ class AdaptiveLogSoftmax(nn.Module):
     def cluster_weights(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(weight, bias) of every cluster. With one shared table the clusters are `split` from it, not sliced: the
         gradient of a split is one concatenation, while every slice would back-propagate a zero-filled table of the
-        whole vocabulary (three [V, d] fills and adds per step, 13% of a `wide` benchmark step)."""
+        whole vocabulary (three [V, d] fills and adds per step)."""
         if self.div_val == 1:
             sizes = [hi - lo for lo, hi in self.bounds]
             layer = self.out_layers[0]
@@ -199,7 +199,7 @@ class AdaptiveLogSoftmax(nn.Module):
         every tail cluster scores every row and each row keeps its own cluster's term. Selecting the rows of each
         cluster (`nonzero`) gives shapes that change every batch, which the compiler cannot trace without
         recompiling. Plain ops (no custom autograd nodes), for the compiler to fuse. Costs the tail clusters' products
-        over all N rows instead of their own rows (measured in benchmarks/bench_compile.py)."""
+        over all N rows instead of their own rows (benchmarks/bench_compile.py)."""
         weights = self.cluster_weights()
         head = torch.log_softmax(self.cluster_logits(hidden, 0, weights), dim=-1)
         logprob = head.gather(1, head_column[:, None]).squeeze(1)  # head column: the token's or its cluster's

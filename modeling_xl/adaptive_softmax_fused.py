@@ -38,7 +38,7 @@ class GatheredLogSoftmax(torch.autograd.Function):
     log-probabilities themselves: one table. Backward consumes that buffer, so a second backward through the same
     graph (retain_graph=True) raises autograd's in-place-modification error instead of a wrong gradient.
     With `consume` the log-probabilities are written over the logits (in row blocks of at most 4 MiB of scratch), so
-    that logits and log-probabilities are never alive at once: at the `wide` preset the head's are 19 MiB each, and
+    that logits and log-probabilities are never alive at once: the head's are the largest activations, and
     the end of the forward pass was a training step's peak once the layers' activations had shrunk. The logits must
     then be a tensor no other node needs (a product's output); they are returned, marked dirty, holding the
     log-probabilities. Returns (gathered [N], log-probabilities [N, C]).
@@ -86,12 +86,11 @@ class TableGradient:
     """The tied table's gradient, deferred from the softmax to the embedding lookup.
 
     The output softmax is the first node of backward and the embedding lookup the last. Computed in the softmax's
-    backward, the table's gradient ([V, d], 61 MB at the `wide` benchmark preset) would be allocated while every
+    backward, the table's gradient ([V, d]) would be allocated while every
     activation of the step is still alive, the peak of a training step. Instead `SharedTableLogits` leaves here, per
     cluster, what that cluster's rows of the gradient are made of (its logits' gradient and the hidden states they
-    multiply, both already alive), or the rows themselves where they are smaller (the head at the `wide` preset:
-    5,000 x 512 floats against 1,024 x 5,002 logits plus 1,024 x 512 hidden states, 10 instead of 22 MiB held through
-    the layers' backward), and `TiedEmbeddingLookup`'s backward, when activations are gone, builds the gradient of both
+    multiply, both already alive), or the rows themselves where they are smaller (a head cluster of fewer rows than the
+    batch has tokens), and `TiedEmbeddingLookup`'s backward, when activations are gone, builds the gradient of both
     uses of the table in one buffer. Created per forward by the causal and permutation LMs and handed to both nodes.
     Terms are kept per backward pass (autograd's graph-task id): the lookup takes those of its own pass and drops any
     left by an earlier pass that never reached it (`torch.autograd.grad` of other inputs with `retain_graph=True`),
@@ -282,9 +281,8 @@ class SharedTableLogits(torch.autograd.Function):
 def few_row_logits(hidden: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """`F.linear(hidden, cat(weights), cat(biases))` for few rows ([N, d], N < d): each table's product computed
     transposed, table @ hidden^T with the table as the left operand, and a single row as two copies of itself. With
-    the table out of cache (as between decoding steps), an [8,000, 256] table against 2-8 rows took 0.5-1.1 ms that
-    way and 1.6-3.8 ms as hidden @ table^T, against one row 0.5 ms instead of 1.1 (the one-column product is a
-    matrix-vector kernel; `benchmarks/bench_softmax_products.py`). Returns [N, rows of all tables]: a transposed view
+    the table out of cache (as between decoding steps) that is the faster order for few rows, and a single row as
+    two beats the one-column product's matrix-vector kernel (`benchmarks/bench_softmax_products.py`). Returns [N, rows of all tables]: a transposed view
     without gradients, a contiguous tensor with them."""
     columns = (hidden if hidden.size(0) != 1 else hidden.repeat(2, 1)).t()  # one row: as two, see above
     by_rows = [torch.addmm(bias[:, None], weight, columns) for weight, bias in tables]  # each [rows of the table, N]
@@ -428,7 +426,7 @@ def full_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor | None:
     shared table as wide as the model (div_val 1, no projections) one product of every token's row, [N, V], plus the
     cluster logits [N, C]; then each cluster's log-softmax, plus log P(cluster) for the tails, written back over its
     columns, so that the distribution is one buffer written once, as a plain output layer writes its logits. (A
-    fused log-softmax per cluster: about 1.5x faster here than subtracting a logsumexp.) None elsewhere (the
+    fused log-softmax per cluster: faster than subtracting a logsumexp.) None elsewhere (the
     reference runs)."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():  # the buffer is written in place
         return None

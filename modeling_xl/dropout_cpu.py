@@ -1,12 +1,12 @@
 """The CPU kernels of dropout (`kernel_registry` routes CPU tensors here; elsewhere `F.dropout` runs): a fast keep-mask, a
 boolean mask saved for backward, and ReLU + dropout as one autograd node that saves nothing but its output.
 
-Why not `nn.Dropout`: on CPU it draws one Mersenne-Twister float per element (`bernoulli_`, ~4 ns per element here,
-6-15% of a training step of the `wide` benchmark) and saves a float mask (4 bytes per element) for backward.
+Why not `nn.Dropout`: on CPU it draws one Mersenne-Twister float per element (`bernoulli_`, a
+noticeable share of a CPU training step: benchmarks/README.md) and saves a float mask (4 bytes per element) for backward.
 
 The keep-mask here is drawn as 64-bit random integers (`random_()`: 63 uniform bits), each giving four 15-bit uniform
 integers (bits 0-14, 16-30, 32-46, 48-62), compared against `round(p * 2**15)`: one generator call per four elements
-(4.6x faster than `bernoulli_` for a [16, 64, 512] mask here, 3.6x for [8, 128, 2048]), same seed handling as any
+(faster than `bernoulli_`: benchmarks/README.md), same seed handling as any
 torch random op (`torch.manual_seed`, per-device generators). The drop probability is `p` rounded to a multiple of
 2**-15 (within 1.6e-5; 0.1 becomes 0.100006) and kept elements are scaled by `1 / (1 - p_rounded)`, so the layer
 stays unbiased in expectation. The comparison is integer arithmetic and the mask is applied through its bytes

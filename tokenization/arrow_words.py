@@ -1,7 +1,7 @@
 """Vectorised whitespace splitting and word-level encoding over Arrow string arrays.
 
-Why: the `tokenizers` WordLevel model builds a full `Encoding` (token strings, offsets, masks) per token; on WikiText-2
-train that measured ~2.3 us/token here, slower than the reference's pure-Python dict lookups. Arrow's C++ kernels
+Why: the `tokenizers` WordLevel model builds a full `Encoding` (token strings, offsets, masks) per token; that is
+slower than the reference's pure-Python dict lookups. Arrow's C++ kernels
 (`utf8_split_whitespace`, `index_in`) do the same split + lookup without per-token Python objects.
 
 `encode_lines` is exact: it produces what the Rust tokenizer produces (tests compare them on WikiText). The fast path

@@ -3,8 +3,8 @@
 Why: the token-cache build reads a corpus file in chunks of tens of MB. Turning a chunk into a line array and
 splitting it with Arrow (`split_words`) trims and copies every line; here one pass over the bytes marks whitespace,
 finds where words start and end, and gathers the non-whitespace bytes into one buffer whose offsets are the word
-boundaries: an Arrow string array of the words with no per-line work. Measured on a 64 MB chunk of the generated
-corpus (`benchmarks/make_corpus.py`), same process, best of several runs: `split_words` 1.1 s, `split_text` 0.45 s.
+boundaries: an Arrow string array of the words with no per-line work.
+It is faster than `split_words` on the generated corpus (`benchmarks/make_corpus.py`; figures in benchmarks/README.md).
 
 Semantics: lines end at "\\n" only (the caller has already turned "\\r\\n" and "\\r" into "\\n", as Python's text
 mode does); words are the maximal runs of characters that are not whitespace for `tokenizers`' WhitespaceSplit

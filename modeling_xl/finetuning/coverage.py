@@ -1,8 +1,7 @@
-"""What the tokenizer does to the user's text before fine-tuning (issue 35, item 1).
+"""What the tokenizer does to the user's text before fine-tuning.
 
-A word-level tokenizer trained on one corpus turns the words it never saw into `<unk>`; on cased text from elsewhere
-that was 43-47% of the tokens, and the fine-tuned classifier trailed a bag-of-words baseline by 14-36 points with no
-warning. `unknown_token_report` measures the share of the training texts' tokens that become the unknown token, and
+A word-level tokenizer trained on one corpus turns the words it never saw into `<unk>`: on cased text from elsewhere
+a large share of the tokens, which costs the fine-tuned model its input (docs/finetuning.md measures how much). `unknown_token_report` measures the share of the training texts' tokens that become the unknown token, and
 names the likely cause:
 - case: the texts hold uppercase letters the tokenizer does not fold, and lowercasing them cuts the share by half;
 - characters: most unknown words hold a character that no token of the vocabulary contains;
