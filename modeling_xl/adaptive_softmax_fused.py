@@ -1,5 +1,5 @@
-"""The kernels of the adaptive softmax (`kernel_registry` routes to them, on every device; the maths is `adaptive_softmax`): custom autograd
-nodes that save memory and copies in training, and the products of generation.
+"""The kernels of the adaptive softmax (`kernel_registry` routes to them, on every device; the maths is
+`adaptive_softmax`): custom autograd nodes that save memory and copies in training, and the products of generation.
 
 - Training NLL (`shared_table_nll`): every cluster's logits from one node (`SharedTableLogits`), log-probabilities
   written over the logits and gathered (`GatheredLogSoftmax`), the tied table's gradient deferred to the embedding
@@ -280,10 +280,10 @@ class SharedTableLogits(torch.autograd.Function):
 
 def few_row_logits(hidden: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """`F.linear(hidden, cat(weights), cat(biases))` for few rows ([N, d], N < d): each table's product computed
-    transposed, table @ hidden^T with the table as the left operand, and a single row as two copies of itself. With
-    the table out of cache (as between decoding steps) that is the faster order for few rows, and a single row as
-    two beats the one-column product's matrix-vector kernel (`benchmarks/bench_softmax_products.py`). Returns [N, rows of all tables]: a transposed view
-    without gradients, a contiguous tensor with them."""
+    transposed, table @ hidden^T with the table as the left operand, and a single row as two copies of itself. With the
+    table out of cache (as between decoding steps) that is the faster order for few rows, and a single row as two beats
+    the one-column product's matrix-vector kernel (`benchmarks/bench_softmax_products.py`). Returns [N, rows of all
+    tables]: a transposed view without gradients, a contiguous tensor with them."""
     columns = (hidden if hidden.size(0) != 1 else hidden.repeat(2, 1)).t()  # one row: as two, see above
     by_rows = [torch.addmm(bias[:, None], weight, columns) for weight, bias in tables]  # each [rows of the table, N]
     logits = (by_rows[0] if len(by_rows) == 1 else torch.cat(by_rows))[:, : hidden.size(0)].t()

@@ -1,8 +1,8 @@
-"""The CPU kernels of dropout (`kernel_registry` routes CPU tensors here; elsewhere `F.dropout` runs): a fast keep-mask, a
-boolean mask saved for backward, and ReLU + dropout as one autograd node that saves nothing but its output.
+"""The CPU kernels of dropout (`kernel_registry` routes CPU tensors here; elsewhere `F.dropout` runs): a fast keep-mask,
+a boolean mask saved for backward, and ReLU + dropout as one autograd node that saves nothing but its output.
 
-Why not `nn.Dropout`: on CPU it draws one Mersenne-Twister float per element (`bernoulli_`, a
-noticeable share of a CPU training step: benchmarks/README.md) and saves a float mask (4 bytes per element) for backward.
+Why not `nn.Dropout`: on CPU it draws one Mersenne-Twister float per element (`bernoulli_`, a noticeable share of a CPU
+training step: benchmarks/README.md) and saves a float mask (4 bytes per element) for backward.
 
 The keep-mask here is drawn as 64-bit random integers (`random_()`: 63 uniform bits), each giving four 15-bit uniform
 integers (bits 0-14, 16-30, 32-46, 48-62), compared against `round(p * 2**15)`: one generator call per four elements

@@ -1,11 +1,11 @@
 """The CPU kernel of LayerNorm (`layer_norm.LayerNorm` routes CPU tensors here): a LayerNorm whose backward reads its
 output instead of its input.
 
-`nn.LayerNorm` keeps its input for backward. In a post-norm layer (Transformer-XL's default) the input is the
-residual sum, which nothing else keeps, while the output is kept anyway by whatever reads it next (the feed-forward's
-first product, the next layer's projections, the softmax). Recovering the normalized input from the output,
-x_hat = (y - beta) / gamma, makes the input unnecessary: one [B, T, d] tensor less per LayerNorm, two per layer.
-The division is exact up to rounding only where gamma is not small against beta, so the output is used only in float32 / float64 and only when
+`nn.LayerNorm` keeps its input for backward. In a post-norm layer (Transformer-XL's default) the input is the residual
+sum, which nothing else keeps, while the output is kept anyway by whatever reads it next (the feed-forward's first
+product, the next layer's projections, the softmax). Recovering the normalized input from the output, x_hat = (y - beta)
+/ gamma, makes the input unnecessary: one [B, T, d] tensor less per LayerNorm, two per layer. The division is exact up
+to rounding only where gamma is not small against beta, so the output is used only in float32 / float64 and only when
 every |gamma| >= |beta| / 16 and is a normal number (initialised gamma = 1, beta = 0), and only on the CPU; elsewhere
 (on a GPU, under autocast, while compiling) this is `nn.LayerNorm`. The same trick is Apex's and Megatron-LM's
 `memory_efficient` LayerNorm.
