@@ -8,6 +8,9 @@ length changes. transformers carries a key/value cache that grows with every tok
 - `_expand_inputs_for_generation`: a caller's `mems` repeated for `num_beams` / `num_return_sequences`.
 - `_reorder_cache`: beam search reorders the memory rows (and the keys and values kept for them).
 - `_sample`: greedy decoding skips the adaptive softmax's tail clusters that cannot hold the best token.
+After the prompt's forward, the memory becomes a `static_decoding.DecodeState` (ring buffers of `mem_len` slots):
+every later step has the same shapes, and runs as plain ops on them (`static_decoding = "eager"`, the default), compiled
+(`"compiled"`: `torch.compile`, on CUDA with CUDA graphs) or not at all (None: every step is the backbone's forward).
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from transformers import GenerationMixin
 
 from .inference_cache import enabled as cache_enabled
 from .kernel_registry import kernel
+from .static_decoding import DecodeState
 
 
 class MemoryGenerationMixin(GenerationMixin):
     """`GenerationMixin` for a causal LM whose forward takes and returns `mems` (the head holds the backbone as
     `self.transformer` and the adaptive softmax as `self.lm_head`)."""
+
+    static_decoding: str | None = "eager"  # "eager", "compiled" or None: how generation runs its one-token steps
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -41,9 +47,30 @@ class MemoryGenerationMixin(GenerationMixin):
                 del model_kwargs[name]
         if model_kwargs.get("use_cache") is False:  # no state carried: every step reads the whole sequence again
             return model_kwargs  # (after the caller's `mems`, if any)
-        model_kwargs["mems"] = outputs.mems
+        model_kwargs["mems"] = self._decode_state(outputs.mems, model_kwargs)
         model_kwargs["mems_hold_input"] = True  # every token but the newest is in the memory now
         return model_kwargs
+
+    def _decode_state(self, mems, model_kwargs: dict):
+        """`mems` as the `DecodeState` the next steps advance in place, where static decoding applies: a memory of
+        fixed length, no attentions or hidden states asked for; else `mems` as they are."""
+        if isinstance(mems, DecodeState) or mems is None or self.static_decoding is None or self.training:
+            return mems
+        if model_kwargs.get("output_attentions") or model_kwargs.get("output_hidden_states"):
+            return mems
+        real = None
+        mask = model_kwargs.get("attention_mask")
+        if mask is not None:  # the memory's positions among [the caller's memory; the prompt] (its newest token aside)
+            mask = mask[:, :-1]
+            missing = mems[0].size(1) - mask.size(1)
+            if missing > 0:  # the caller's memory came before the prompt: real tokens
+                mask = torch.cat([mask.new_ones(mask.size(0), missing), mask], dim=1)
+            real = mask[:, mask.size(1) - mems[0].size(1):]
+        state = DecodeState.from_mems(self.transformer, mems, real)
+        if self.static_decoding == "compiled":
+            mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs: the step captured once
+            state.compiled_step = torch.compile(state._step, mode=mode, fullgraph=True)
+        return state
 
     def prepare_inputs_for_generation(self, input_ids, mems=None, attention_mask=None, mems_hold_input=False,
                                       **kwargs):
@@ -51,6 +78,8 @@ class MemoryGenerationMixin(GenerationMixin):
         the second step on) only the newest token is fed; at the first step the whole prompt is, after the caller's
         `mems` if any. The attention mask (which `generate` extends by one real token per step) is cut to the
         memory's tokens plus the fed ones, so that padding stays hidden once it is in memory."""
+        if isinstance(mems, DecodeState):  # the state tracks its own padding
+            return {"input_ids": input_ids[:, -1:], "mems": mems}
         if mems is not None and mems_hold_input:
             input_ids = input_ids[:, -1:]
         inputs = {"input_ids": input_ids, "mems": mems}
@@ -98,6 +127,8 @@ class MemoryGenerationMixin(GenerationMixin):
         (`inference_cache`; without them every step would project the whole memory again)."""
         if mems is None:
             return None
+        if isinstance(mems, DecodeState):
+            return mems.reorder_(beam_idx)
         reordered = tuple(m.index_select(0, beam_idx.to(m.device)) for m in mems)
         if cache_enabled():
             for layer, old, new in zip(self.transformer.layers, mems, reordered):

@@ -44,6 +44,7 @@ from .memory_generation import MemoryGenerationMixin
 from .relative_attention import RelativeMultiHeadAttention
 from .relative_positions import causal_mask, with_key_padding
 from .size_estimate import check_model_fits
+from .static_decoding import DecodeState
 
 
 @dataclass
@@ -336,6 +337,9 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, MemoryGenerationMix
         `logits_to_keep` positions (0: all). `attention_mask` (1 = real token, 0 = padding) [B, T] or [B, M+T] hides
         padding keys, `use_cache`: see `TransformerXLModel.forward`."""
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        if isinstance(mems, DecodeState):  # generation's one-token steps (`static_decoding`)
+            out = self._decode(input_ids, mems, labels, next_token_labels, inputs_embeds)
+            return out if return_dict else out.to_tuple()
         if labels is not None and next_token_labels is not None:
             raise ValueError("expected at most one of labels and next_token_labels, got both")
         with self._tied_table_gradient(input_ids, inputs_embeds, labels, next_token_labels):
@@ -370,6 +374,21 @@ class TransformerXLForCausalLM(TransformerXLPreTrainedModel, MemoryGenerationMix
             logits = self.lm_head(kept.reshape(-1, kept.size(-1))).view(batch, kept.size(1), -1)
         return TransformerXLCausalLMOutput(loss=loss, losses=losses, logits=logits, mems=outputs.mems,
                                            hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+    def _decode(self, input_ids, state: DecodeState, labels, next_token_labels, inputs_embeds):
+        """One token per row, input_ids [B, 1], through the ring-buffer memory `state` (advanced in place):
+        log-probabilities [B, 1, V]."""
+        batch = state.real.size(0)
+        if input_ids is None or input_ids.dim() != 2 or tuple(input_ids.shape) != (batch, 1):
+            raise ValueError(f"input_ids has shape {None if input_ids is None else tuple(input_ids.shape)}; expected "
+                             f"[batch={batch}, 1]: a DecodeState advances one token per row")
+        if labels is not None or next_token_labels is not None or inputs_embeds is not None:
+            raise ValueError("labels, next_token_labels and inputs_embeds are not taken with a DecodeState (generation "
+                             "only); expected mems as a tuple of tensors to train or score")
+        require(ids_in_range(input_ids, self.config.vocab_size), "input_ids has ids outside the vocabulary")
+        hidden = state.step(input_ids)  # [B, 1, d]
+        logits = self.lm_head(hidden.reshape(-1, hidden.size(-1))).view(hidden.size(0), 1, -1)
+        return TransformerXLCausalLMOutput(logits=logits, mems=state)
 
     def _tied_table_gradient(self, input_ids, inputs_embeds, labels, next_token_labels):
         """The "tied_table_gradient" kernel's context when the loss's softmax shares one table with the input lookup

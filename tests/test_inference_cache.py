@@ -280,8 +280,10 @@ def test_generation_with_appended_keys_values_equals_recomputing_them(attn):
 def test_beam_search_reorders_the_kept_projections_with_the_memory():
     """Beam search reorders the memory's rows at every step; the keys and values kept for it follow them (a hit at
     every step instead of projecting the whole memory again), and the beams equal those of a run that keeps nothing
-    (`use_cache=False`: every step reads the whole sequence)."""
+    (`use_cache=False`: every step reads the whole sequence). Generation's steps through the backbone's forward
+    (`static_decoding = None`; the default decodes from ring buffers, tests/test_static_decoding.py)."""
     model = make_model(same_length=False, mem_len=6, cutoffs=[20, 50], div_val=1)
+    model.static_decoding = None
     ids = torch.randint(1, 97, (2, 5))
     kwargs = dict(max_new_tokens=9, num_beams=3, do_sample=False, pad_token_id=0, eos_token_id=None)
     with torch.no_grad():

@@ -1,0 +1,138 @@
+"""Decoding one token at a time with the memory as a ring buffer of fixed size: every step has the same shapes.
+
+Transformer-XL's memory has a fixed length (`mem_len`), so a decoding step reads M memory positions and one new token
+whatever the step: unlike a key/value cache that grows with every token, the step's shapes never change. This file
+keeps, per layer, the memory's keys and values (and the hidden states they were projected from) in buffers of M slots
+written in place, oldest slot first (a ring), and runs a step as plain torch ops on them, so that the step can be
+compiled or captured as a CUDA graph once and replayed for as long as the user generates.
+
+Notation: B batch, H heads, D d_head, d d_model, M = mem_len slots, R = M + 1 distances (0..M).
+Slot s holds the token written `dist(s)` steps ago: with `pointer` the next slot to write (the oldest),
+    dist(s) = ((pointer - 1 - s) mod M) + 1,          e.g. M = 4, pointer = 1: dist = [1, 4, 3, 2].
+The score of the new token (distance 0 from itself) against slot s is, as in `relative_attention.relative_attention`,
+    (q + u) . k_s + (q + v) . r_{dist(s)}             r = W_R R, the projected sinusoid of each distance,
+computed against every distance at once, (q + v) r^T [B, H, 1, R], then gathered at `dist` instead of `rel_shift`ed.
+Slots not yet written, or holding padding, are hidden (`real`). A step equals the backbone's forward of that token
+with the memory as mems (the same ops in another order: equal up to float rounding; tests/test_static_decoding.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .precision import at_least_float32
+from .relative_positions import relative_positions, sinusoid_table
+
+
+def ring_distances(pointer: torch.Tensor, slots: int) -> torch.Tensor:
+    """Distance of each slot's token from the token being decoded, [M] (see the module docstring)."""
+    return torch.remainder(pointer - 1 - torch.arange(slots, device=pointer.device), slots) + 1
+
+
+class DecodeState:
+    """The memory of a causal Transformer-XL during generation, as ring buffers of `mem_len` slots per layer.
+
+    Built from the `mems` a forward returned (`from_mems`), advanced one token at a time (`step`), reordered in place
+    for beam search (`reorder_`), and, with `keep_hiddens`, read back as ordinary `mems` (`to_mems`): the layers'
+    inputs are then kept beside their keys and values (generation needs only the keys and values). Without
+    gradients only."""
+
+    def __init__(self, backbone, batch: int, device, dtype, keep_hiddens: bool = False):
+        cfg = backbone.config
+        self.backbone, self.slots = backbone, cfg.mem_len
+        heads, d_head, layers = cfg.n_head, cfg.d_head, cfg.n_layer
+        self.keys = [torch.zeros(batch, heads, self.slots, d_head, device=device, dtype=dtype) for _ in range(layers)]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.hiddens = [torch.zeros(batch, self.slots, cfg.d_model, device=device, dtype=dtype)
+                        for _ in range(layers)] if keep_hiddens else None
+        self.real = torch.zeros(batch, self.slots, dtype=torch.bool, device=device)  # written, and not padding
+        self.pointer = torch.zeros((), dtype=torch.long, device=device)  # the next slot to write (the oldest)
+        self.filled = 0  # slots written so far (at most M)
+        distances = relative_positions(self.slots + 1, clamp_len=cfg.clamp_len).flip(0).to(device)  # 0..M, clamped
+        table = sinusoid_table(distances, cfg.d_model, dtype)  # [R, d]
+        self.positions = [layer.attn.project_positions(table) for layer in backbone.layers]  # [H, R, D] each
+        self.compiled_step = None
+
+    @classmethod
+    @torch.no_grad()
+    def from_mems(cls, backbone, mems: tuple[torch.Tensor, ...], real: torch.Tensor | None = None,
+                  keep_hiddens: bool = False) -> "DecodeState":
+        """The state whose memory is `mems` (n_layer tensors [B, M', d], M' <= mem_len, oldest first); `real` [B, M']
+        marks the positions that are not padding (default: all)."""
+        batch, length = mems[0].shape[:2]
+        state = cls(backbone, batch, mems[0].device, mems[0].dtype, keep_hiddens)
+        if length:
+            for i, (layer, keys, values, mem) in enumerate(zip(backbone.layers, state.keys, state.values, mems)):
+                mem_keys, mem_values = layer.attn.memory_keys_values(mem)  # [B, H, M', D] each
+                if keep_hiddens:
+                    state.hiddens[i][:, :length] = mem
+                keys[:, :, :length] = mem_keys
+                values[:, :, :length] = mem_values
+            state.real[:, :length] = True if real is None else real.to(torch.bool)
+            state.pointer.fill_(length % state.slots)
+            state.filled = length
+        return state
+
+    def to_mems(self) -> tuple[torch.Tensor, ...]:
+        """The memory as a forward returns it: n_layer tensors [B, M', d], oldest first (M' the slots written)."""
+        if self.hiddens is None:
+            raise ValueError("this DecodeState keeps no hidden states (keep_hiddens=False); expected one built with "
+                             "keep_hiddens=True to read its memory back")
+        order = torch.argsort(ring_distances(self.pointer, self.slots), descending=True)  # oldest first
+        order = order[self.slots - self.filled:]  # the slots written
+        return tuple(hidden.index_select(1, order) for hidden in self.hiddens)
+
+    def reorder_(self, index: torch.Tensor) -> "DecodeState":
+        """Beam search: every buffer's rows follow `index` (in place, so a captured step keeps reading them)."""
+        for buffer in (*self.keys, *self.values, *(self.hiddens or ()), self.real):
+            buffer.copy_(buffer.index_select(0, index.to(buffer.device)))
+        return self
+
+    @torch.no_grad()
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The last hidden state [B, 1, d] of the backbone for one new token per row, input_ids [B, 1]; the token's
+        layer inputs, keys and values are written into the oldest slot."""
+        step = self.compiled_step if self.compiled_step is not None else self._step
+        hidden = step(input_ids)
+        self.filled = min(self.filled + 1, self.slots)
+        return hidden
+
+    def _step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        backbone = self.backbone
+        cfg = backbone.config
+        h = backbone.word_emb(input_ids)  # [B, 1, d]
+        dist = ring_distances(self.pointer, self.slots)  # [M]
+        hidden_mask = torch.cat([~self.real, self.real.new_zeros(self.real.size(0), 1)], dim=1)[:, None, None]
+        for i, layer in enumerate(backbone.layers):
+            attn = layer.attn
+            u = attn.r_w_bias if cfg.untie_r else backbone.r_w_bias
+            v = attn.r_r_bias if cfg.untie_r else backbone.r_r_bias
+            x = attn.layer_norm(h) if attn.pre_lnorm else h
+            q, k, val = (attn.split_heads(t) for t in F.linear(x, attn.qkv_net.weight).split(
+                attn.n_head * attn.d_head, dim=-1))  # [B, H, 1, D] each
+            attn_vec = self._attend(q, k, val, u, v, self.keys[i], self.values[i], self.positions[i], dist,
+                                    hidden_mask)
+            out = layer.ff(attn.merge(h, attn_vec))
+            if self.hiddens is not None:
+                self.hiddens[i].index_copy_(1, self.pointer.view(1), h)
+            self.keys[i].index_copy_(2, self.pointer.view(1), k)
+            self.values[i].index_copy_(2, self.pointer.view(1), val)
+            h = out
+        self.real.index_fill_(1, self.pointer.view(1), True)
+        self.pointer.copy_(torch.remainder(self.pointer + 1, self.slots))
+        return h
+
+    @staticmethod
+    def _attend(q, k, v_new, u, v, keys, values, positions, dist, hidden_mask):
+        """softmax(((q + u) . [K; k] + (q + v) . r_dist) / sqrt(D), hidden slots masked) @ [V; v]: [B, H, 1, D]."""
+        q_u, q_v = q + u[:, None], q + v[:, None]
+        content = torch.cat([torch.matmul(q_u, keys.transpose(-1, -2)), (q_u * k).sum(-1, keepdim=True)], dim=-1)
+        by_distance = torch.matmul(q_v, positions.transpose(-1, -2))  # [B, H, 1, R]
+        position = torch.cat([by_distance.index_select(-1, dist), by_distance[..., :1]], dim=-1)  # [B, H, 1, M+1]
+        scores = (content + position) * (1.0 / math.sqrt(q.size(-1)))
+        scores = scores.masked_fill(hidden_mask, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(at_least_float32(scores), dim=-1).to(v_new.dtype)  # never in 16 bits
+        return torch.matmul(probs[..., :-1], values) + probs[..., -1:] * v_new
