@@ -301,16 +301,19 @@ def test_launcher_fallbacks_are_named():
 
 
 PROBE = textwrap.dedent("""
-    import json, os
+    import importlib.util, json, os
     from accelerate import Accelerator
-    from modeling_xl.training import engines
+    # the module by its path (it imports torch and accelerate only): importing the package would take seconds
+    spec = importlib.util.spec_from_file_location("engines", ENGINES_FILE)
+    engines = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engines)
     accelerator = Accelerator()
     found = engines.launcher_fallbacks(os.environ, engines.engine_name(accelerator), accelerator.num_processes,
                                        accelerator.device.type)
     with open(f"probe-{os.getpid()}.json", "w") as out:  # one file per process: their stdout lines may interleave
         json.dump({"rank": accelerator.process_index, "engine": engines.engine_name(accelerator),
                    "processes": accelerator.num_processes, "warnings": found}, out)
-""")
+""").replace("ENGINES_FILE", repr(str(REPO / "modeling_xl" / "training" / "engines.py")))
 
 
 FSDP_ON_CPU = ["the launcher was asked for FSDP"]

@@ -29,9 +29,13 @@ PROBE_PAGES = 12 * 2**20 * 4 // resource.getpagesize()  # pages of the probe's 4
 # Allocates a 48 MiB tensor (above glibc's largest automatic mmap threshold, 32 MiB, like the tied table's gradient
 # of a 33k-word vocabulary at width 256), writes it, frees it, and counts the page faults of doing that again.
 PROBE = """
-import json, resource, sys
+import importlib.util, json, resource, sys
 import torch
-from modeling_xl.runtime.host_memory import keep_freed_memory
+# the module by its path: the probe needs nothing else of the package (importing it would take seconds)
+spec = importlib.util.spec_from_file_location("host_memory", HOST_MEMORY_FILE)
+host_memory = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(host_memory)
+keep_freed_memory = host_memory.keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else "not called"
 def faults_of_one_round():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -40,7 +44,7 @@ def faults_of_one_round():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 faults_of_one_round()
 print(json.dumps({"applied": applied, "faults": min(faults_of_one_round() for _ in range(3))}))
-"""
+""".replace("HOST_MEMORY_FILE", repr(str(REPO / "modeling_xl" / "runtime" / "host_memory.py")))
 
 
 def probe(mode: str, **env: str) -> dict:
