@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .input_checks import require
 from .kernel_registry import kernel
 from .precision import at_least_float32
 
@@ -127,6 +128,7 @@ class AdaptiveLogSoftmax(nn.Module):
         if self.n_clusters:
             self.cluster_weight = nn.Parameter(torch.zeros(self.n_clusters, config.d_embed))
             self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters))
+        self.tail_capacity: tuple[int, ...] | None = None  # rows each tail cluster scores per forward (`nll`)
 
     @property
     def weight(self) -> nn.Parameter:
@@ -188,11 +190,44 @@ class AdaptiveLogSoftmax(nn.Module):
         return torch.cat(parts, dim=-1)
 
     def nll(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """-log P(target) [N], 0 where target == -100: the per-target reference (also what torch.compile traces)."""
+        """-log P(target) [N], 0 where target == -100: the per-target reference (also what torch.compile traces).
+        With `tail_capacity` set, each tail cluster scores only its own rows (`routed_log_probs`), else every row
+        (`masked_log_probs`); either way the shapes do not depend on the targets."""
         valid = targets >= 0
         cluster = torch.bucketize(targets, self._tail_starts(targets.device), right=True)  # 0 = shortlist
+        cluster = cluster.masked_fill(~valid, 0)  # an ignored target scores the head's column 0, then is zeroed
         head_column = torch.where(cluster == 0, targets, self.shortlist + cluster - 1).masked_fill(~valid, 0)
-        return torch.where(valid, -self.masked_log_probs(hidden, targets, cluster, head_column), 0.0)
+        if self.tail_capacity is not None:
+            logprob = self.routed_log_probs(hidden, targets, cluster, head_column, self.tail_capacity)
+        else:
+            logprob = self.masked_log_probs(hidden, targets, cluster, head_column)
+        return torch.where(valid, -logprob, 0.0)
+
+    def routed_log_probs(self, hidden, targets, cluster, head_column, capacity: tuple[int, ...]) -> torch.Tensor:
+        """log P(target) [N], each tail cluster i scoring only its own rows, routed into `capacity[i - 1]` slots: the
+        rows sorted by cluster (stably), cluster i's window of that many rows from its first, the slots past its
+        count masked. Shapes depend on the capacity alone (no `nonzero`, no host synchronisation), so the step
+        compiles and captures once. Exact while no cluster has more targets than its capacity, which is checked
+        in the graph (`input_checks.require`); `training.tail_capacity` reads the largest count of a run's data.
+        Example, N = 6, clusters [0, 2, 1, 0, 2, 2], capacity (2, 3): sorted rows [0, 3, 2, 1, 4, 5]; cluster 1's
+        window [2, 1] (slot 1 masked: count 1), cluster 2's [1, 4, 5]."""
+        weights = self.cluster_weights()
+        head = torch.log_softmax(self.cluster_logits(hidden, 0, weights), dim=-1)
+        logprob = head.gather(1, head_column[:, None]).squeeze(1)  # head column: the token's or its cluster's
+        order = torch.argsort(cluster, stable=True)  # rows by cluster, in order within each
+        counts = torch.bincount(cluster, minlength=self.n_clusters + 1)  # [clusters + 1]
+        starts = torch.cumsum(counts, 0) - counts
+        for i in range(1, self.n_clusters + 1):
+            lo, hi = self.bounds[i]
+            slots = torch.arange(capacity[i - 1], device=hidden.device)
+            require(counts[i] <= capacity[i - 1], f"tail cluster {i} has more targets than its capacity "
+                    f"{capacity[i - 1]} (tail_capacity); expected at most that many per forward, or tail_capacity=None")
+            rows = order[(starts[i] + slots).clamp(max=order.size(0) - 1)]  # [C]
+            used = slots < counts[i]
+            tail = torch.log_softmax(self.cluster_logits(hidden[rows], i, weights), dim=-1)  # [C, hi - lo]
+            in_tail = tail.gather(1, (targets[rows] - lo).clamp(0, hi - lo - 1)[:, None]).squeeze(1)
+            logprob = logprob.index_add(0, rows, torch.where(used, in_tail, 0.0))
+        return logprob
 
     def masked_log_probs(self, hidden, targets, cluster, head_column) -> torch.Tensor:
         """log P(target) [N] with shapes that do not depend on the targets, for `torch.compile` (see `forward`):

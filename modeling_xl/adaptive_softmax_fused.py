@@ -400,8 +400,10 @@ def embedding_lookup(embedding: nn.Module, input_ids: torch.Tensor) -> torch.Ten
 
 def shared_table_nll(softmax, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
     """`softmax.nll(hidden, targets)` [N] through the autograd nodes above; None under torch.compile (the plain
-    reference then runs, for the compiler to trace: its shapes do not depend on the targets)."""
-    if torch.compiler.is_compiling():
+    reference then runs, for the compiler to trace: its shapes do not depend on the targets), and off the CPU when
+    the softmax has a `tail_capacity` (the reference's routing then needs no host synchronisation, which this
+    node's `nonzero` does)."""
+    if torch.compiler.is_compiling() or (softmax.tail_capacity is not None and hidden.device.type != "cpu"):
         return None
     valid = targets >= 0
     cluster = torch.bucketize(targets, softmax._tail_starts(targets.device), right=True)  # 0 = shortlist

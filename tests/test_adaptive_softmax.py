@@ -376,3 +376,45 @@ def test_argmax_log_probs_compute_a_tail_only_for_the_rows_that_may_need_it():
     for row in range(6):  # each row as if alone
         alone = argmax_log_probs(crit, h[row:row + 1])[0]
         assert torch.equal(torch.isfinite(alone), computed[row])
+
+
+@pytest.mark.parametrize("div_val", [1, 2])
+def test_routed_tail_capacity_equals_the_per_target_reference(div_val):
+    """Each tail cluster routed into a buffer of fixed capacity (sorted by cluster, masked past its count): the NLL
+    and every gradient equal the per-target reference; a cluster with more targets than its capacity is refused."""
+    from modeling_xl import TransformerXLConfig
+
+    torch.manual_seed(0)
+    config = TransformerXLConfig(vocab_size=100, d_model=16, d_embed=16, n_layer=1, n_head=2, d_head=8, d_inner=32,
+                                 cutoffs=[20, 50], div_val=div_val)
+    softmax = AdaptiveLogSoftmax(config).double()
+    for parameter in softmax.parameters():
+        torch.nn.init.normal_(parameter, std=0.3)
+    hidden = torch.randn(40, 16, dtype=torch.double, requires_grad=True)
+    targets = torch.randint(0, 100, (40,))
+    targets[3] = -100
+    reference = -softmax.log_probs(hidden).gather(1, targets.clamp(min=0)[:, None]).squeeze(1) * (targets >= 0)
+    wanted = torch.autograd.grad(reference.sum(), [hidden, *softmax.parameters()])
+    counts = [int(((targets >= lo) & (targets < hi)).sum()) for lo, hi in softmax.bounds[1:]]
+    softmax.tail_capacity = tuple(count + 3 for count in counts)
+    routed = softmax.nll(hidden, targets)
+    torch.testing.assert_close(routed, reference)
+    for got, want in zip(torch.autograd.grad(routed.sum(), [hidden, *softmax.parameters()]), wanted):
+        torch.testing.assert_close(got, want)
+    softmax.tail_capacity = (counts[0] - 1, counts[1])
+    with pytest.raises(ValueError, match=rf"tail cluster 1 has more targets than its capacity {counts[0] - 1}"):
+        softmax.nll(hidden, targets)
+
+
+def test_tail_capacity_is_the_most_targets_one_forward_of_the_streams_holds():
+    """The capacity read from the token stream equals the most tail targets found by reading every forward's batch
+    (`OrderedStreams`, 2 processes x 2 chunks of 2 rows)."""
+    from modeling_xl.data.streams import OrderedStreams
+    from modeling_xl.training.tail_capacity import batch_tail_counts, stream_tail_counts
+
+    tokens = torch.randint(0, 100, (3001,), generator=torch.Generator().manual_seed(0)).numpy()
+    bounds = [(0, 20), (20, 50), (50, 100)]
+    streams = [OrderedStreams(tokens, batch_size=8, tgt_len=16, rank=r, world_size=2) for r in range(2)]
+    forwards = [{k: v[rows] for k, v in s.batch(i).items()} for s in streams for i in range(len(s))
+                for rows in (slice(0, 2), slice(2, 4))]
+    assert stream_tail_counts(tokens, bounds, 8, 16, rows_per_forward=2) == batch_tail_counts(forwards, bounds)

@@ -162,3 +162,30 @@ def test_accelerate_launch_with_inductor_trains_like_eager(tmp_path):
     assert sorted(compiled) == sorted(eager) == list(range(1, 7))
     for step in eager:
         assert compiled[step] == pytest.approx(eager[step], rel=1e-5), (step, compiled, eager)
+
+
+def test_routed_tail_capacity_compiles_to_one_graph_and_equals_eager(fresh_dynamo):
+    """With a tail capacity (each tail cluster scores only its own targets, `AdaptiveLogSoftmax.routed_log_probs`):
+    still one graph, no recompilation after the memory's first step, and eager's losses and gradients, whose eager
+    softmax selects each cluster's rows with `nonzero` instead."""
+    from modeling_xl.training.tail_capacity import batch_tail_counts, tail_capacity
+
+    torch.manual_seed(0)
+    model = CASES["causal-div1"]().train()
+    eager = copy.deepcopy(model)
+    data = batches("causal-div1")
+    model.lm_head.tail_capacity = tail_capacity(batch_tail_counts(data, model.lm_head.bounds), multiple=1)
+    compiled_at, step = [], [0]
+
+    def counting_backend(graph, example_inputs):
+        compiled_at.append(step[0])
+        return aot_eager(graph, example_inputs)
+
+    expected = train(eager, data)
+    got = train(torch.compile(model, backend=counting_backend, fullgraph=True), data,
+                on_step=lambda i: step.__setitem__(0, i))
+    assert compiled_at == [0, 1]
+    for (loss, grads), (loss_eager, grads_eager) in zip(got, expected):
+        torch.testing.assert_close(loss, loss_eager)
+        for name in grads:
+            torch.testing.assert_close(grads[name], grads_eager[name])

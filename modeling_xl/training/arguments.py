@@ -104,6 +104,7 @@ class PretrainArguments:
     max_train_steps: int | None = field(default=None, metadata={"help": "optimizer steps"})
     learning_rate: float | None = field(default=None, metadata={"help": "peak learning rate"})
     optimizer: str = field(default="adamw", metadata={"help": "adamw or adam"})
+    tail_capacity: str = field(default="auto", metadata={"help": "auto: each adaptive-softmax tail cluster scores only its own targets, in a buffer sized by the most that one forward of this run's data holds (static shapes, no host synchronisation: what a compiled or captured step needs; exact); none: every row under torch.compile, the rows selected by nonzero in eager mode"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -286,6 +287,7 @@ def validate(args: PretrainArguments) -> None:
     choice("objective", args.objective, OBJECTIVES)
     choice("lr_scheduler_type", args.lr_scheduler_type, SCHEDULERS)
     choice("optimizer", args.optimizer, OPTIMIZERS)
+    choice("tail_capacity", args.tail_capacity, ("auto", "none"))
     choice("report_to", args.report_to, TRACKERS)
     choice("tokenizer_type", args.tokenizer_type, ("word", "unigram", "char", "byte"))
     if args.mixed_precision is not None:

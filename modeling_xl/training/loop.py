@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable
 
+import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 
@@ -107,6 +108,7 @@ def _run_pretraining(args: PretrainArguments, data_builder) -> dict:
     config = build_config(args, stream["tokenizer_vocab_size"], data.tokenizer.eos_token_id)
     objective = objective_for(args, data)
     model = build_model(args, config, objective.model_class)
+    set_tail_capacity(accelerator, args, model, data, per_process)
     check_engine(accelerator, args, model)
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer)
@@ -171,6 +173,23 @@ def training_stream(args, data: PretrainData) -> dict:
         stream.update(seed=args.seed, bi_data=args.bi_data, plm_sampling_version=SAMPLING_VERSION,
                       **plm_settings(args))
     return stream
+
+
+def set_tail_capacity(accelerator, args, model, data: PretrainData, per_process: int) -> None:
+    """`--tail_capacity auto`: the adaptive softmax routes each tail cluster's targets into a buffer of the most that
+    one forward of this run holds, over every process (`tail_capacity`)."""
+    head = getattr(model, "lm_head", None)
+    if args.tail_capacity != "auto" or not hasattr(head, "tail_capacity"):
+        return
+    from .tail_capacity import run_tail_capacity
+
+    capacity = run_tail_capacity(data, head.bounds, per_process // args.gradient_accumulation_steps, args.tgt_len)
+    if capacity is None:
+        return
+    most = accelerator.gather(torch.tensor(capacity, device=accelerator.device))  # every process's
+    head.tail_capacity = tuple(int(c) for c in most.reshape(-1, len(capacity)).max(dim=0).values)
+    logger.info("tail_capacity: each tail cluster of the adaptive softmax routes at most %s targets per forward",
+                list(head.tail_capacity))
 
 
 def warn_about_unknown_tokens(accelerator, args, data: PretrainData) -> None:
