@@ -215,7 +215,8 @@ class AdaptiveLogSoftmax(nn.Module):
         head = torch.log_softmax(self.cluster_logits(hidden, 0, weights), dim=-1)
         logprob = head.gather(1, head_column[:, None]).squeeze(1)  # head column: the token's or its cluster's
         order = torch.argsort(cluster, stable=True)  # rows by cluster, in order within each
-        counts = torch.bincount(cluster, minlength=self.n_clusters + 1)  # [clusters + 1]
+        # [clusters + 1]; a comparison, not `bincount`, whose output length depends on the data (a graph break)
+        counts = (cluster[:, None] == torch.arange(self.n_clusters + 1, device=cluster.device)).sum(0)
         starts = torch.cumsum(counts, 0) - counts
         for i in range(1, self.n_clusters + 1):
             lo, hi = self.bounds[i]
