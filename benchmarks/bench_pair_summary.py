@@ -45,7 +45,8 @@ def _write_tsv(path: Path, rows) -> Path:
     return path
 
 
-def run_match(folder: Path, summary: str = "last", layers: int = 4, seed: int = 0, epochs: int = 10) -> dict:
+def run_match(folder: Path, summary: str = "last", layers: int = 4, seed: int = 0, epochs: int = 10,
+              learning_rate: float = 1e-3) -> dict:
     """Build the task and a fresh model under `folder`, fine-tune, return the script's results (dev accuracy and
     loss under `dev`)."""
     import torch
@@ -69,7 +70,8 @@ def run_match(folder: Path, summary: str = "last", layers: int = 4, seed: int = 
     output = folder / f"out-{summary}-{layers}-{seed}"
     code = script.main(["--model_name_or_path", str(folder / "lm"), "--output_dir", str(output),
                         "--train_file", str(train), "--validation_file", str(dev), "--text_column", "first",
-                        "--text_pair_column", "second", "--num_train_epochs", str(epochs), "--learning_rate", "1e-3",
+                        "--text_pair_column", "second", "--num_train_epochs", str(epochs),
+                        "--learning_rate", str(learning_rate),
                         "--per_device_train_batch_size", "32", "--summary_type", summary, "--seed", str(seed),
                         "--disable_tqdm"])
     if code != 0:

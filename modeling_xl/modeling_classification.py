@@ -158,9 +158,10 @@ class TransformerXLForSequenceClassification(TransformerXLTaskModel):
         (`modeling_transformer_xl.memory_gradient`) and the gradient reaches every segment, as one long read's would;
         the activations of every segment are kept until backward. `detach_memory=True` is the paper's memory (Dai et
         al. 2019, Sec. 3.2): earlier segments run without gradient, only the last segment's forward is trained. It
-        costs one segment's activations, but evidence that only earlier segments hold is then never learned: a cue in
-        the first of 2 segments, debug model, 150 steps: 0.17 accuracy detached (chance 0.25) against 0.53 for one long
-        read (tests/test_finetuning.py::test_long_document_learns_evidence_that_truncation_cuts).
+        costs one segment's activations, but evidence that only earlier segments hold is then learned only as far as
+        their untrained features show it: a cue in the first of 2 segments, debug model, 150 steps, 5 draws: 0.22-0.59
+        accuracy detached (chance 0.25) against 0.50-0.99 for one long read
+        (tests/test_finetuning.py::test_long_document_learns_evidence_that_truncation_cuts, docs/testing.md).
         """
         if input_ids.dim() != 2 or input_ids.size(1) == 0:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}; expected [batch, doc_len > 0]")
