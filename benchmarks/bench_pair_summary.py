@@ -6,8 +6,9 @@ token across `A <eos> B <eos>`. A causal model from scratch (d_model 64, 4 heads
 `scripts/finetune_classification.py` (batch 32, learning rate 1e-3, `--epochs`), with the classifier reading the last
 position (the default summary) or the mean of the real tokens (`--summary_type mean`). Chance is 0.5.
 
-`tests/test_finetuning.py::test_a_pair_label_that_only_comparing_the_texts_gives_is_learned` runs one cell (4 layers,
-last position, 10 epochs, seed 0) through `run_match`; this script runs the seeds and the other cells.
+`tests/test_finetuning.py::test_a_pair_label_that_only_comparing_the_texts_gives_is_learned` runs one cell (its
+`PAIR_MATCH`: 4 layers, mean summary, 6 epochs, seed 0) through `run_match`; this script runs the seeds and the other
+cells.
 
     python benchmarks/bench_pair_summary.py                          # 2 and 4 layers x last / mean x 5 seeds, ~6 min
 """

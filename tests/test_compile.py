@@ -22,6 +22,8 @@ from torch._dynamo.backends.debugging import aot_eager
 
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM
 
+from kernel_sets import available_capabilities, inductor_cache_dir
+
 REPO = Path(__file__).resolve().parents[1]
 
 VOCAB, BATCH, SEQ = 60, 2, 6
@@ -153,23 +155,14 @@ EMBEDDING_CHILD = textwrap.dedent("""
 """)
 
 
-def available_capabilities() -> list[str]:
-    """The ATEN_CPU_CAPABILITY values this processor runs: `default` (scalar) always, and on x86 `avx2` and `avx512`
-    where it has them (torch does not check the variable: a kernel set the processor lacks dies of SIGILL)."""
-    capabilities = ["default"]
-    if hasattr(torch.cpu, "_is_avx2_supported") and torch.cpu._is_avx2_supported():
-        capabilities.append("avx2")
-    if hasattr(torch.cpu, "_is_avx512_supported") and torch.cpu._is_avx512_supported():
-        capabilities.append("avx512")
-    return capabilities
-
-
 @pytest.mark.parametrize("capability", available_capabilities())
 def test_compiled_adaptive_embedding_equals_eager_under_each_cpu_capability(capability):
     """Inductor's C++ kernel of the adaptive input, forward and backward, under each kernel set of this processor (the
     scalar one, AVX2, AVX-512), in a fresh process each (torch reads ATEN_CPU_CAPABILITY on import, and Inductor
-    picks its vector instructions from it): the eager module's embeddings and gradients."""
+    picks its vector instructions from it): the eager module's embeddings and gradients. Each set has its own Inductor
+    cache: a shared one hands the second set the first one's kernels (docs/testing.md)."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "OMP_NUM_THREADS": "1",
+           "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(capability),
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-c", EMBEDDING_CHILD], env=env, capture_output=True, text=True,
                             timeout=600, cwd=REPO)
