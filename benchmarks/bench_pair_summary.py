@@ -6,8 +6,9 @@ token across `A <eos> B <eos>`. A causal model from scratch (d_model 64, 4 heads
 `scripts/finetune_classification.py` (batch 32, learning rate 1e-3, `--epochs`), with the classifier reading the last
 position (the default summary) or the mean of the real tokens (`--summary_type mean`). Chance is 0.5.
 
-`tests/test_finetuning.py::test_a_pair_label_that_only_comparing_the_texts_gives_is_learned` runs one cell (4 layers,
-last position, 10 epochs, seed 0) through `run_match`; this script runs the seeds and the other cells.
+`tests/test_finetuning.py::test_a_pair_label_that_only_comparing_the_texts_gives_is_learned` runs one cell (its
+`PAIR_MATCH`: 4 layers, mean summary, 6 epochs, seed 0) through `run_match`; this script runs the seeds and the other
+cells.
 
     python benchmarks/bench_pair_summary.py                          # 2 and 4 layers x last / mean x 5 seeds, ~6 min
 """
@@ -45,7 +46,8 @@ def _write_tsv(path: Path, rows) -> Path:
     return path
 
 
-def run_match(folder: Path, summary: str = "last", layers: int = 4, seed: int = 0, epochs: int = 10) -> dict:
+def run_match(folder: Path, summary: str = "last", layers: int = 4, seed: int = 0, epochs: int = 10,
+              learning_rate: float = 1e-3) -> dict:
     """Build the task and a fresh model under `folder`, fine-tune, return the script's results (dev accuracy and
     loss under `dev`)."""
     import torch
@@ -69,7 +71,8 @@ def run_match(folder: Path, summary: str = "last", layers: int = 4, seed: int = 
     output = folder / f"out-{summary}-{layers}-{seed}"
     code = script.main(["--model_name_or_path", str(folder / "lm"), "--output_dir", str(output),
                         "--train_file", str(train), "--validation_file", str(dev), "--text_column", "first",
-                        "--text_pair_column", "second", "--num_train_epochs", str(epochs), "--learning_rate", "1e-3",
+                        "--text_pair_column", "second", "--num_train_epochs", str(epochs),
+                        "--learning_rate", str(learning_rate),
                         "--per_device_train_batch_size", "32", "--summary_type", summary, "--seed", str(seed),
                         "--disable_tqdm"])
     if code != 0:

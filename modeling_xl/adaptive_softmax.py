@@ -92,14 +92,19 @@ class AdaptiveEmbedding(nn.Module):
 
     def masked_forward(self, flat: torch.Tensor) -> torch.Tensor:
         """Unscaled embeddings [N, d_model] of ids [N] (div_val > 1) with shapes that do not depend on the ids, for
-        `torch.compile`: every cluster embeds every token (ids clamped into its table) and keeps the rows of its own
-        tokens. Selecting each cluster's rows (`nonzero`) makes a shape that changes every batch, which the compiler
-        either cannot trace or recompiles for. Costs one [N, d_i] x [d_i, d_model] product per cluster over all N
-        tokens instead of the cluster's own (small next to the layers)."""
+        `torch.compile`: every cluster embeds every token and keeps the rows of its own tokens. Selecting each
+        cluster's rows (`nonzero`) makes a shape that changes every batch, which the compiler either cannot trace or
+        recompiles for. Costs one [N, d_i] x [d_i, d_model] product per cluster over all N tokens instead of the
+        cluster's own (small next to the layers).
+
+        The row a token reads is `id - lo` where the token is in the cluster (inside the table because it is) and row
+        0 elsewhere, picked by the mask: every lane's index is inside the table by construction, whatever the ids of
+        other clusters (docs/troubleshooting.md, "index out of bounds" in a compiled run)."""
         emb = None
         for (lo, hi), table, proj in zip(self.bounds, self.emb_layers, self.emb_projs):
-            piece = F.linear(table((flat - lo).clamp(0, hi - lo - 1)), proj.weight)  # [N, d_model]
-            piece = torch.where(((flat >= lo) & (flat < hi))[:, None], piece, 0.0)
+            in_cluster = (flat >= lo) & (flat < hi)  # [N]
+            piece = F.linear(table(torch.where(in_cluster, flat - lo, 0)), proj.weight)  # [N, d_model]
+            piece = torch.where(in_cluster[:, None], piece, 0.0)
             emb = piece if emb is None else emb + piece
         return emb
 

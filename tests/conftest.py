@@ -9,6 +9,7 @@ if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidi
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from kernel_sets import inductor_cache_dir  # noqa: E402
 
 # Under pytest-xdist every worker is a process with torch's default of one thread per core: `-n 2` on two cores runs
 # four threads on two. Each worker takes its share of the cores instead, and so do the scripts the tests start (they
@@ -18,6 +19,10 @@ if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
     _THREADS = max(1, len(os.sched_getaffinity(0)) // _WORKERS)
     torch.set_num_threads(_THREADS)
     os.environ["OMP_NUM_THREADS"] = str(_THREADS)
+# Inductor's compiled-graph cache is shared by every CPU kernel set unless told otherwise, and reuses what one set
+# compiled under another (tests/kernel_sets.py): the suite, and the processes it starts, keep one cache per set. A
+# TORCHINDUCTOR_CACHE_DIR the caller set is kept.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir(torch.backends.cpu.get_cpu_capability()))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -444,33 +444,47 @@ class _Stop(Exception):
     pass
 
 
-@pytest.mark.parametrize("steps", [400, 1500])
-def test_first_steps_of_the_tiny_preset_without_clipping_do_not_spike(tmp_path, monkeypatch, steps):
-    """`--preset tiny --max_train_steps 400` (warmup scaled to 13 steps) climbed from 7.4 to 24.4 at steps 10-16, and
-    the main command (1,500 steps) from 7.1 to 14.7 at steps 15-29, both with clipping at 0.25 (issue 20 item 13,
-    issue 23 item 3). The recipe clips again (at 1.0: lower held-out perplexity on three corpora, issue 35 item 5,
-    docs/pretraining.md), and `--max_grad_norm 0` is the documented way to avoid the spike: the first 30 steps of the
-    real run (builtin corpus, word tokenizer) with it: the loss never rises more than 1.5 above its lowest so far
-    (step-to-step noise: up to 0.65 on torch 2.13, 1.22 on torch 2.9), and ends below 7.6."""
+def first_tiny_losses(output_dir: Path, steps: int, seed: int = 42, max_grad_norm: float = 0.0,
+                      count: int = 30) -> dict[str, float]:
+    """The first `count` training losses of `--preset tiny --max_train_steps steps` (builtin corpus, word tokenizer)
+    with `--max_grad_norm max_grad_norm`; returns the largest rise above the lowest loss so far and the last loss."""
+    from unittest import mock
+
     from modeling_xl.training import loop
 
     step_fn, losses = loop.train_step, []
 
     def counted(*args, **kwargs):
         losses.append(step_fn(*args, **kwargs))
-        if len(losses) == 30:
+        if len(losses) == count:
             raise _Stop
         return losses[-1]
 
-    monkeypatch.setattr(loop, "train_step", counted)
-    args = parse_args(["--preset", "tiny", "--max_train_steps", str(steps), "--output_dir", str(tmp_path / "run"),
-                       "--max_eval_segments", "2", "--disable_tqdm", "--max_grad_norm", "0"])
-    with pytest.raises(_Stop):
+    args = parse_args(["--preset", "tiny", "--max_train_steps", str(steps), "--output_dir", str(output_dir),
+                       "--max_eval_segments", "2", "--disable_tqdm", "--max_grad_norm", str(max_grad_norm),
+                       "--seed", str(seed)])
+    with mock.patch.object(loop, "train_step", counted), pytest.raises(_Stop):
         run_pretraining(args)
     lowest = [min(losses[: i + 1]) for i in range(len(losses))]
-    rises = [loss - low for loss, low in zip(losses, lowest)]
-    assert max(rises) < 1.5, [round(x, 2) for x in losses]
-    assert losses[-1] < 7.6, [round(x, 2) for x in losses]
+    return {"max_rise": max(loss - low for loss, low in zip(losses, lowest)), "last": losses[-1], "losses": losses}
+
+
+@pytest.mark.training_outcome
+@pytest.mark.long_training
+@pytest.mark.parametrize("steps", [400, 1500])
+def test_first_steps_of_the_tiny_preset_without_clipping_do_not_spike(tmp_path, steps):
+    """`--preset tiny --max_train_steps 400` (warmup scaled to 13 steps) climbed from 7.4 to 24.4 at steps 10-16, and
+    the main command (1,500 steps) from 7.1 to 14.7 at steps 15-29, both with clipping at 0.25 (issue 20 item 13,
+    issue 23 item 3). The recipe clips again (at 1.0: lower held-out perplexity on three corpora, issue 35 item 5,
+    docs/pretraining.md), and `--max_grad_norm 0` is the documented way to avoid the spike: the first 30 steps of the
+    real run (builtin corpus, word tokenizer) with it: the loss never rises more than 3.8 above its lowest so far, and
+    ends below 7.6. Over 10 draws (seeds 42-46 x 2 CPU kernel sets) the largest rise was 0.39-0.63 at 1,500 steps and
+    0.33-2.37 at 400 (the 1.5 asserted until issue 50 failed for seed 44); with clipping it was 5.3 (1.0, the
+    recipe's) and 7.6 (0.25) at 1,500 steps, 8.6 and 17.0 at 400: 3.8 lies midway (docs/testing.md)."""
+    result = first_tiny_losses(tmp_path / "run", steps)
+    curve = [round(x, 2) for x in result["losses"]]
+    assert result["max_rise"] < 3.8, curve
+    assert result["last"] < 7.6, curve
 
 
 # ---------------------------------------------------------------- 7: a stalled rank ends the run in bounded time

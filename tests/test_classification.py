@@ -148,16 +148,16 @@ def first_segment_task(n, generator, segment_len=8):
     return torch.cat([first, torch.randint(3, 32, (n, segment_len), generator=generator)], 1), labels
 
 
-def train_long_document_model(mem_len: int, steps: int = 120) -> float:
-    torch.manual_seed(0)
-    generator = torch.Generator().manual_seed(0)
+def train_long_document_model(mem_len: int, steps: int = 300, seed: int = 0, detach_memory: bool = False) -> float:
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
     config = TransformerXLConfig(vocab_size=32, d_model=32, n_layer=2, n_head=2, d_head=16, d_inner=64, adaptive=False,
                                  mem_len=mem_len, dropout=0.0, classifier_dropout=0.0, num_labels=2)
     model = TransformerXLForSequenceClassification(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(steps):
         docs, labels = first_segment_task(32, generator)
-        loss = model.forward_long(docs, labels=labels, segment_len=8).loss
+        loss = model.forward_long(docs, labels=labels, segment_len=8, detach_memory=detach_memory).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -167,8 +167,13 @@ def train_long_document_model(mem_len: int, steps: int = 120) -> float:
     return (predictions == labels).float().mean().item()
 
 
+@pytest.mark.training_outcome
 def test_long_document_label_from_first_segment_is_learned_with_memory_only(one_thread):
-    assert train_long_document_model(mem_len=8) > 0.95
+    """The label is in the first segment, the classifier reads the last: only the memory carries it. 300 steps: the
+    accuracy's lowest of 10 draws (5 seeds x 2 CPU kernel sets) 0.996. At 120 steps (until issue 50) the model is
+    still finding the cue: this very draw gave 0.875 under AVX2 kernels, 0.945 under AVX-512 (issue 50's machine) and
+    0.980 under the scalar ones, against the 0.95 then asserted. Without memory: 0.44-0.54 (docs/testing.md)."""
+    assert train_long_document_model(mem_len=8) > 0.9
     assert train_long_document_model(mem_len=0) < 0.6  # the last segment alone carries no information: chance
 
 

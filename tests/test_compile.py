@@ -7,10 +7,12 @@ error. One slow test runs the training script itself under `accelerate launch --
 """
 
 import copy
+import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,8 @@ import torch._dynamo
 from torch._dynamo.backends.debugging import aot_eager
 
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM
+
+from kernel_sets import available_capabilities, inductor_cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,6 +126,48 @@ def test_compiled_input_checks_stop_the_step(case, fresh_dynamo):
     with pytest.raises(RuntimeError, match=f"input_ids has ids outside the vocabulary; expected token ids in "
                                            f"\\[0, vocab_size={VOCAB}\\)"):
         compiled(**bad_ids)
+
+
+# Inductor compiles the adaptive input (div_val 2: one table per cluster, `AdaptiveEmbedding.masked_forward`) with
+# dynamic shapes, as a compiled training step does once a shape changes (the generated kernel of issue 50's crash), and
+# runs it on ids of every cluster, batches whose token count is not a multiple of the vector width (the kernel's tail).
+EMBEDDING_CHILD = textwrap.dedent("""
+    import json, sys, torch
+    from modeling_xl import TransformerXLConfig
+    from modeling_xl.adaptive_softmax import AdaptiveEmbedding
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    eager = AdaptiveEmbedding(TransformerXLConfig.from_preset("debug", vocab_size=66))  # clusters of 20, 30, 16 rows
+    compiled = torch.compile(eager, backend="inductor", dynamic=True, fullgraph=True)
+    worst = 0.0
+    for shape in [(2, 8), (3, 5)]:
+        ids = torch.randint(0, 66, shape)
+        ids[0, :3] = torch.tensor([0, 20, 65])  # the first and the last row of the tables, the first of a tail cluster
+        want, got = eager(ids), compiled(ids)
+        grad = torch.randn_like(want)
+        want_grads = torch.autograd.grad(want, list(eager.parameters()), grad)
+        got_grads = torch.autograd.grad(got, list(eager.parameters()), grad)
+        for a, b in [(want, got), *zip(want_grads, got_grads)]:
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+            worst = max(worst, float((a - b).detach().abs().max()))
+    print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "worst": worst}))
+""")
+
+
+@pytest.mark.parametrize("capability", available_capabilities())
+def test_compiled_adaptive_embedding_equals_eager_under_each_cpu_capability(capability):
+    """Inductor's C++ kernel of the adaptive input, forward and backward, under each kernel set of this processor (the
+    scalar one, AVX2, AVX-512), in a fresh process each (torch reads ATEN_CPU_CAPABILITY on import, and Inductor
+    picks its vector instructions from it): the eager module's embeddings and gradients. Each set has its own Inductor
+    cache: a shared one hands the second set the first one's kernels (docs/testing.md)."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "OMP_NUM_THREADS": "1",
+           "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(capability),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", EMBEDDING_CHILD], env=env, capture_output=True, text=True,
+                            timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert json.loads(result.stdout.splitlines()[-1])["capability"] == capability.upper(), result.stdout
 
 
 @pytest.mark.slow  # two launches of 2 processes, one of them compiling with inductor (minutes on 2 cores)

@@ -79,15 +79,21 @@ def vocabulary_lines():
             + [" ".join(w for words in TOPICS.values() for w in words) + " " + " ".join(POSITIVE + NEGATIVE)])
 
 
-@pytest.fixture
-def lm_checkpoint(tmp_path):
+def make_lm_checkpoint(folder: Path, seed: int = 0) -> Path:
+    """A fresh debug-preset causal LM (weights drawn from `seed`) and a word tokenizer of the tasks' words."""
     from tokenization import train_word_level_tokenizer
 
     tokenizer = train_word_level_tokenizer(vocabulary_lines())
     config = TransformerXLConfig.from_preset("debug", vocab_size=len(tokenizer), cutoffs=[10])
-    TransformerXLForCausalLM(config).save_pretrained(tmp_path / "lm")
-    tokenizer.save_pretrained(tmp_path / "lm")
-    return tmp_path / "lm"
+    torch.manual_seed(seed)
+    TransformerXLForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def lm_checkpoint(tmp_path):
+    return make_lm_checkpoint(tmp_path / "lm")
 
 
 def finetune_args(tmp_path, checkpoint, **overrides):
@@ -131,10 +137,18 @@ def test_finetuning_keeps_freed_host_memory_before_its_training_loop(tmp_path, l
 
 # ---- every task shape, end to end through the script ---------------------------------------------------------------
 
+def binary_task_results(tmp_path, checkpoint, seed: int = 42, **overrides) -> dict:
+    """One sentiment word among filler words, 256 rows, 6 epochs (96 steps); the results of `run_finetuning`. At 3
+    epochs 2 draws of 5 were still at chance (0.44): the last position had not yet learned to read the word
+    (docs/testing.md); at 6 every draw of 8 reached 1.0."""
+    return run_finetuning(finetune_args(tmp_path, checkpoint, seed=seed, **{"num_train_epochs": 6, **overrides}))
+
+
+@pytest.mark.training_outcome
 def test_binary_task_learns_and_writes_model_card_checkpoints_and_results(tmp_path, lm_checkpoint, one_thread):
-    results = run_finetuning(finetune_args(tmp_path, lm_checkpoint))
+    results = binary_task_results(tmp_path, lm_checkpoint)
     out = tmp_path / "out"
-    assert results["train_steps"] == 48 and len(results["history"]) == 2
+    assert results["train_steps"] == 96 and len(results["history"]) == 4
     assert results["dev"]["accuracy"] > 0.9, results["dev"]
     assert set(results["dev"]) >= {"accuracy", "macro_f1", "f1", "per_class_f1", "eval_loss"}
     saved = json.loads((out / "classification_results.json").read_text())
@@ -146,42 +160,70 @@ def test_binary_task_learns_and_writes_model_card_checkpoints_and_results(tmp_pa
     assert model.config.id2label == {0: "0", 1: "1"} and model.config.problem_type == "single_label_classification"
 
 
-def test_string_labels_with_more_than_two_classes(tmp_path, lm_checkpoint, one_thread):
-    """Four topics named by strings (the issue's crash: more than two classes failed at the first evaluation)."""
+def four_topics_results(tmp_path, checkpoint, seed: int = 42, *extra: str) -> dict:
+    """One topic word (of four topics) among filler words, 320 rows, 10 epochs, through the script. The classifier
+    reads the mean of the positions (`--summary_type mean`), where each word is one step away: with the last position
+    2 draws of 5 stopped at 0.47, telling only two pairs of topics apart (docs/testing.md)."""
     train = write_tsv(tmp_path / "train.tsv", one_topic_rows(320, 1))
     dev = write_tsv(tmp_path / "dev.tsv", one_topic_rows(100, 2))
-    results = run_script(tmp_path, lm_checkpoint, train, dev, "--num_train_epochs", "10", "--eval_steps", "40")
+    return run_script(tmp_path, checkpoint, train, dev, "--num_train_epochs", "10", "--eval_steps", "40",
+                      "--summary_type", "mean", "--seed", str(seed), *extra)
+
+
+@pytest.mark.training_outcome
+def test_string_labels_with_more_than_two_classes(tmp_path, lm_checkpoint, one_thread):
+    """Four topics named by strings (the issue's crash: more than two classes failed at the first evaluation)."""
+    results = four_topics_results(tmp_path, lm_checkpoint)
     dev_scores = results["dev"]
     assert results["labels"] == ["food", "music", "sport", "weather"] and results["problem_type"] == (
         "single_label_classification")
-    assert dev_scores["accuracy"] > 0.8 and dev_scores["macro_f1"] > 0.8, dev_scores
+    # lowest of 8 draws 0.89 (docs/testing.md); 0.7 stays far above the two-pairs plateau (0.47) and chance (0.25)
+    assert dev_scores["accuracy"] > 0.7 and dev_scores["macro_f1"] > 0.7, dev_scores
     assert sorted(dev_scores["per_class_f1"]) == ["food", "music", "sport", "weather"] and "f1" not in dev_scores
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
     assert model.config.id2label == {0: "food", 1: "music", 2: "sport", 3: "weather"}
     assert model.config.label2id["weather"] == 3
 
 
-def test_text_pairs_with_the_word_level_layout(tmp_path, lm_checkpoint, one_thread):
-    """The label is the sentiment of the SECOND text; the first carries a sentiment word of its own (a distractor):
-    the model must read the pair `A <eos> B <eos>` and tell the texts apart."""
+def second_text_sentiment_results(tmp_path, checkpoint, seed: int = 42, *extra: str) -> dict:
+    """Pairs whose label is the sentiment of the second text (the first has its own sentiment word), 600 rows, 4
+    epochs, through the script."""
     first, second = sentiment_rows(700, 1), sentiment_rows(700, 3)
     rows = [(a, b, label) for (a, _), (b, label) in zip(first, second)]
     train = write_tsv(tmp_path / "train.tsv", rows[:600], header=("first", "second", "label"))
     dev = write_tsv(tmp_path / "dev.tsv", rows[600:], header=("first", "second", "label"))
-    results = run_script(tmp_path, lm_checkpoint, train, dev, "--text_column", "first", "--text_pair_column",
-                         "second", "--num_train_epochs", "4")
+    return run_script(tmp_path, checkpoint, train, dev, "--text_column", "first", "--text_pair_column", "second",
+                      "--num_train_epochs", "4", "--seed", str(seed), *extra)
+
+
+@pytest.mark.training_outcome
+def test_text_pairs_with_the_word_level_layout(tmp_path, lm_checkpoint, one_thread):
+    """The label is the sentiment of the SECOND text; the first carries a sentiment word of its own (a distractor):
+    the model must read the pair `A <eos> B <eos>` and tell the texts apart."""
+    results = second_text_sentiment_results(tmp_path, lm_checkpoint)
     assert results["dev"]["accuracy"] > 0.85, results["dev"]
 
 
-def test_a_pair_label_that_only_comparing_the_texts_gives_is_learned(tmp_path, one_thread):
-    """The pair check of issue 35: does B repeat A? Neither text alone says it; the model must match B to A token by
-    token across the `A <eos> B <eos>` layout. A 4-layer model (the `tiny` preset's depth) from scratch learns it
-    with the default summary (the last position); chance is 0.5 (the task, and the seeds and summaries measured
-    beside this one: benchmarks/bench_pair_summary.py)."""
+PAIR_MATCH = dict(summary="mean", layers=4, epochs=6)  # the cell of benchmarks/bench_pair_summary.py this test runs
+
+
+def pair_match_results(tmp_path, seed: int = 0, **overrides) -> dict:
+    """`bench_pair_summary.run_match` (does B repeat A?) in the cell `PAIR_MATCH`; the script's results."""
     spec = importlib.util.spec_from_file_location("bench_pair_summary", REPO / "benchmarks" / "bench_pair_summary.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    results = bench.run_match(tmp_path, summary="last", layers=4, seed=0, epochs=10)
+    return bench.run_match(tmp_path, seed=seed, **{**PAIR_MATCH, **overrides})
+
+
+@pytest.mark.training_outcome
+@pytest.mark.long_training
+def test_a_pair_label_that_only_comparing_the_texts_gives_is_learned(tmp_path, one_thread):
+    """The pair check of issue 35: does B repeat A? Neither text alone says it; the model must match B to A token by
+    token across the `A <eos> B <eos>` layout. A 4-layer model (the `tiny` preset's depth) from scratch learns it;
+    chance is 0.5 (the task, and the seeds and summaries measured beside this one: benchmarks/bench_pair_summary.py).
+    The classifier reads the mean of the positions: with the default summary (the last position, 10 epochs) 2
+    draws of 10 (5 seeds x 2 CPU kernel sets) were still at 0.66 and 0.77, the others at 0.92-0.99 (docs/testing.md)."""
+    results = pair_match_results(tmp_path)
     assert results["dev"]["accuracy"] > 0.8, results["dev"]
     assert results["dev"]["eval_loss"] < 0.5, results["dev"]  # chance is ln 2 = 0.69
 
@@ -259,18 +301,24 @@ def test_pair_layout_of_the_unigram_tokenizer_has_segment_ids(tmp_path):
     assert max(len(x) for x in short["input_ids"]) <= 7 and all(x[-1] == cls for x in short["input_ids"])
 
 
-def test_regression_from_fractional_labels(tmp_path, lm_checkpoint, one_thread):
-    """The target is 0.8 per positive word minus 0.8 per negative one, plus 0.1: fractional, so regression."""
-    def rows(n, seed):
+def regression_results(tmp_path, checkpoint, seed: int = 42, *extra: str) -> dict:
+    """Fractional targets (0.8 per positive word minus 0.8 per negative one, plus 0.1), 400 rows, 4 epochs."""
+    def rows(n, data_seed):
         out = []
-        for text, _ in sentiment_rows(n, seed):
+        for text, _ in sentiment_rows(n, data_seed):
             words = text.split()
             out.append((text, round(0.8 * sum(w in POSITIVE for w in words) - 0.8 * sum(w in NEGATIVE for w in words)
                                     + 0.1, 2)))
         return out
 
     train, dev = write_tsv(tmp_path / "train.tsv", rows(400, 1)), write_tsv(tmp_path / "dev.tsv", rows(100, 2))
-    results = run_script(tmp_path, lm_checkpoint, train, dev, "--num_train_epochs", "4")
+    return run_script(tmp_path, checkpoint, train, dev, "--num_train_epochs", "4", "--seed", str(seed), *extra)
+
+
+@pytest.mark.training_outcome
+def test_regression_from_fractional_labels(tmp_path, lm_checkpoint, one_thread):
+    """The target is 0.8 per positive word minus 0.8 per negative one, plus 0.1: fractional, so regression."""
+    results = regression_results(tmp_path, lm_checkpoint)
     assert results["problem_type"] == "regression" and results["labels"] == ["score"]
     assert results["dev"]["pearsonr"] > 0.8 and results["dev"]["spearmanr"] > 0.7, results["dev"]
     assert results["dev"]["mse"] == pytest.approx(results["dev"]["eval_loss"], rel=1e-5)
@@ -278,14 +326,23 @@ def test_regression_from_fractional_labels(tmp_path, lm_checkpoint, one_thread):
     assert model.config.num_labels == 1 and model.config.problem_type == "regression"
 
 
-def test_multi_label_from_delimited_labels(tmp_path, lm_checkpoint, one_thread):
-    def rows(n, seed):
-        return [(text, "|".join(sorted(topics))) for text, topics in topic_rows(n, seed)]
+def multi_label_results(tmp_path, checkpoint, seed: int = 42, *extra: str) -> dict:
+    """Rows naming each of their topics with one word (labels "food|sport"), 500 rows, 12 epochs, through the script.
+    At 8 epochs the lowest of 10 draws (5 seeds x 2 kernel sets) was micro / macro F1 0.85 / 0.83, too near the 0.8
+    asserted; at 12, 0.91 / 0.90 (6 draws; docs/testing.md)."""
+    def rows(n, data_seed):
+        return [(text, "|".join(sorted(topics))) for text, topics in topic_rows(n, data_seed)]
 
     train, dev = write_tsv(tmp_path / "train.tsv", rows(500, 1)), write_tsv(tmp_path / "dev.tsv", rows(150, 2))
-    results = run_script(tmp_path, lm_checkpoint, train, dev, "--problem_type", "multi_label_classification",
-                         "--label_delimiter", "|", "--num_train_epochs", "8", "--threshold", "0.5", "--summary_type",
-                         "mean", "--learning_rate", "1e-2", "--per_device_train_batch_size", "8")
+    return run_script(tmp_path, checkpoint, train, dev, "--problem_type", "multi_label_classification",
+                      "--label_delimiter", "|", "--num_train_epochs", "12", "--threshold", "0.5", "--summary_type",
+                      "mean", "--learning_rate", "1e-2", "--per_device_train_batch_size", "8", "--seed", str(seed),
+                      *extra)
+
+
+@pytest.mark.training_outcome
+def test_multi_label_from_delimited_labels(tmp_path, lm_checkpoint, one_thread):
+    results = multi_label_results(tmp_path, lm_checkpoint)
     dev_scores = results["dev"]
     assert results["labels"] == ["food", "music", "sport", "weather"]
     # predicting every topic for every row scores micro F1 0.72 here (prevalence 0.57)
@@ -1061,11 +1118,13 @@ def test_a_checkpoint_without_backbone_weights_stops_fine_tuning_naming_the_fold
     assert not (tmp_path / "out").exists()
 
 
-def test_long_document_learns_evidence_that_truncation_cuts(tmp_path, one_thread):
-    """A topic cue among the first 6 words of a 2-segment document (segment 8 tokens), filler after it. Truncated to
-    its last 8 tokens the cue is gone: chance. Read whole with --long_document, the gradient crosses the memory and the
-    classifier learns the cue as a single long read does (the same numbers); with the paper's detached memory
-    (`--detach_memory`) no gradient reaches the cue's segment and it stays at chance (issue 35 item 4's cause)."""
+def long_document_scores(tmp_path, model_seed: int = 0, seed: int = 42, arms=("cut", "whole", "detached", "one_read"),
+                         **overrides) -> dict[str, dict]:
+    """A topic cue among the first 6 words of a 17-token document, filler after it, 150 steps from a fresh debug
+    model (weights from `model_seed`): per arm, the dev scores and `cue_rows_changed`, how many of the 4 cue words'
+    embedding rows training changed (a row changes only if a gradient reached it: AdamW without weight decay). Arms:
+    truncated to the last 8 tokens ("cut"), read whole in segments of 8 with the gradient through the memory
+    ("whole"), the same with the paper's detached memory ("detached"), all 17 tokens in one segment ("one_read")."""
     import random
 
     from tokenization import declare_task_tokens, train_word_level_tokenizer
@@ -1073,32 +1132,56 @@ def test_long_document_learns_evidence_that_truncation_cuts(tmp_path, one_thread
     cues = {"sport": "goal", "food": "soup", "music": "drum", "weather": "rain"}
     filler = [f"w{i}" for i in range(30)]
 
-    def rows(n, seed):
-        rng, out = random.Random(seed), []
+    def rows(n, data_seed):
+        rng, out = random.Random(data_seed), []
         for _ in range(n):
             topic, words = rng.choice(sorted(cues)), [rng.choice(filler) for _ in range(15)]
             words.insert(rng.randrange(0, 6), cues[topic])
             out.append((" ".join(words), topic))
         return out
 
+    def cue_rows(model):
+        embedding, ids = model.transformer.word_emb, tokenizer.convert_tokens_to_ids(list(cues.values()))
+        return [table.weight[i - lo] for i in ids for (lo, hi), table in zip(embedding.bounds, embedding.emb_layers)
+                if lo <= i < hi]
+
     tokenizer = train_word_level_tokenizer([" ".join(filler + list(cues.values()))], lowercase=False)
     declare_task_tokens(tokenizer)
     config = TransformerXLConfig.from_preset("debug", vocab_size=len(tokenizer), cutoffs=[10], mem_len=16)
-    TransformerXLForCausalLM(config).save_pretrained(tmp_path / "lm")
+    torch.manual_seed(model_seed)
+    initial = TransformerXLForCausalLM(config)
+    initial.save_pretrained(tmp_path / "lm")
     tokenizer.save_pretrained(tmp_path / "lm")
     train, dev = write_tsv(tmp_path / "train.tsv", rows(256, 1)), write_tsv(tmp_path / "dev.tsv", rows(128, 2))
+    settings = {"cut": {}, "whole": dict(long_document=True),
+                "detached": dict(long_document=True, detach_memory=True), "one_read": dict(max_length=64)}
+    values = dict(model_name_or_path=str(tmp_path / "lm"), train_file=str(train), validation_file=str(dev),
+                  max_length=8, learning_rate=3e-3, max_train_steps=150, num_warmup_steps=0,
+                  per_device_train_batch_size=16, disable_tqdm=True, seed=seed)
+    values.update(overrides)
+    scores = {}
+    for arm in arms:
+        dev_scores = run_finetuning(FinetuneArguments(**{**values, "output_dir": str(tmp_path / arm),
+                                                         **settings[arm]}))["dev"]
+        tuned = TransformerXLForSequenceClassification.from_pretrained(tmp_path / arm)
+        changed = sum(not torch.equal(a, b) for a, b in zip(cue_rows(tuned), cue_rows(initial)))
+        scores[arm] = {**dev_scores, "cue_rows_changed": changed}
+    return scores
 
-    def dev_scores(name, **overrides):
-        values = dict(model_name_or_path=str(tmp_path / "lm"), output_dir=str(tmp_path / name), train_file=str(train),
-                      validation_file=str(dev), max_length=8, learning_rate=3e-3, max_train_steps=150,
-                      num_warmup_steps=0, per_device_train_batch_size=16, disable_tqdm=True)
-        return run_finetuning(FinetuneArguments(**{**values, **overrides}))["dev"]
 
-    cut, whole = dev_scores("cut"), dev_scores("whole", long_document=True)
-    detached = dev_scores("detached", long_document=True, detach_memory=True)
-    one_read = dev_scores("one_read", max_length=64)  # all 17 tokens in one segment
-    assert cut["accuracy"] < 0.35 and cut["eval_loss"] > 1.3
-    assert detached["accuracy"] < 0.35 and detached["eval_loss"] > 1.3
-    assert whole["accuracy"] > 0.45 and whole["eval_loss"] < 1.0
+@pytest.mark.training_outcome
+def test_long_document_learns_evidence_that_truncation_cuts(tmp_path, one_thread):
+    """A topic cue among the first 6 words of a 2-segment document (segment 8 tokens), filler after it. Truncated to
+    its last 8 tokens the cue is gone: chance. Read whole with --long_document, the gradient crosses the memory and the
+    classifier learns the cue as a single long read does (the same numbers). With the paper's detached memory
+    (`--detach_memory`) no gradient reaches the cue's segment (issue 35 item 4's cause): the cue words' embeddings
+    stay as initialised, bit for bit. The detached arm's accuracy is not asserted: the last segment can still learn
+    to read the untrained cue embeddings through the memory, and did in 2 draws of 5 (0.51 and 0.59 against 0.14-0.26
+    for the cut; docs/testing.md)."""
+    scores = long_document_scores(tmp_path)
+    cut, whole, detached, one_read = (scores[arm] for arm in ("cut", "whole", "detached", "one_read"))
+    assert cut["accuracy"] < 0.35 and cut["eval_loss"] > 1.3, cut  # chance: 0.25, ln 4 = 1.39
+    assert whole["accuracy"] > 0.4 and whole["eval_loss"] < 1.0, whole
     assert whole["accuracy"] == one_read["accuracy"] and whole["eval_loss"] == pytest.approx(one_read["eval_loss"],
                                                                                              rel=1e-4)
+    assert detached["cue_rows_changed"] == 0 and whole["cue_rows_changed"] == 4, (detached, whole)

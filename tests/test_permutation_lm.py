@@ -331,7 +331,7 @@ def wikitext_stream(lines, num_tokens: int, vocab: int):
     return [stoi.get(w, unk) for w in words[:num_tokens]], sep, cls, len(itos) + 3
 
 
-def train_plm(steps: int, batch_size: int = 16, seed: int = 0):
+def train_plm(steps: int, batch_size: int = 16, seed: int = 0, learning_rate: float = 2e-3):
     """Train a tiny permutation LM on generated WikiText-like text with the paper's sampling and memory; returns the
     losses and the vocabulary size."""
     from torch.utils.data import DataLoader
@@ -344,7 +344,7 @@ def train_plm(steps: int, batch_size: int = 16, seed: int = 0):
     data = build_plm_dataset(stream, batch_size, sampling, seed=seed)
     model = plm_model(vocab_size=vocab_size, d_model=64, n_head=4, d_head=16, d_inner=128, mem_len=16, reuse_len=16,
                       init_std=0.02).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     collator, losses, epoch = PLMCollator(sampling, seed=seed), [], 0
     while len(losses) < steps:
         collator.set_epoch(epoch)
@@ -363,18 +363,30 @@ def train_plm(steps: int, batch_size: int = 16, seed: int = 0):
     return losses, vocab_size
 
 
-def test_tiny_model_trained_on_wikitext_like_text_lowers_its_permutation_lm_loss():
-    start, threads = time.perf_counter(), torch.get_num_threads()
+def plm_loss_drop(seed: int = 0, steps: int = 150, window: int = 20) -> dict[str, float]:
+    """`train_plm` on one thread; the first loss, the mean of the first and of the last `window` steps, ln V."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is ~10x faster than several fighting over a shared CPU
     try:
-        losses, vocab_size = train_plm(steps=300)
+        losses, vocab_size = train_plm(steps=steps, seed=seed)
     finally:
         torch.set_num_threads(threads)
-    first, last = sum(losses[:20]) / 20, sum(losses[-20:]) / 20
-    print(f"plm loss: step 1 {losses[0]:.3f}, mean of steps 1-20 {first:.3f}, of steps 281-300 {last:.3f} "
-          f"({time.perf_counter() - start:.1f} s)")
-    assert abs(losses[0] - math.log(vocab_size)) < 0.3  # uniform over the vocabulary at initialisation
-    assert last < first - 0.5 and last < losses[0] - 1.5
+    return {"initial": losses[0], "first": sum(losses[:window]) / window, "last": sum(losses[-window:]) / window,
+            "uniform": math.log(vocab_size)}
+
+
+@pytest.mark.training_outcome
+@pytest.mark.long_training
+def test_tiny_model_trained_on_wikitext_like_text_lowers_its_permutation_lm_loss():
+    """150 steps (300 until issue 50): over 10 draws (5 seeds x 2 CPU kernel sets) the mean loss of the last 20 steps
+    was 0.97-1.12 below that of the first 20 and 1.93-2.09 below the first step's (1.76-2.07 and 2.79-2.99 at 300
+    steps), against the 0.5 and 1.5 asserted; without learning both stay near 0 (docs/testing.md)."""
+    start = time.perf_counter()
+    result = plm_loss_drop()
+    print(f"plm loss: step 1 {result['initial']:.3f}, mean of steps 1-20 {result['first']:.3f}, of steps 131-150 "
+          f"{result['last']:.3f} ({time.perf_counter() - start:.1f} s)")
+    assert abs(result["initial"] - result["uniform"]) < 0.3  # uniform over the vocabulary at initialisation
+    assert result["last"] < result["first"] - 0.5 and result["last"] < result["initial"] - 1.5, result
 
 
 REMOTE = """

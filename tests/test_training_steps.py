@@ -332,29 +332,42 @@ def eval_history(out):
     return json.loads((out / "eval_results.json").read_text())["history"]
 
 
-def test_script_on_a_char_level_text_file_reports_bpc(tmp_path):
+def char_level_run(tmp_path, seed: int = 42, learning_rate: str = "1e-2") -> list[dict]:
+    """30 steps of the debug preset on a 40,000-character text file, character tokenizer; the evaluation history."""
     corpus = tmp_path / "play.txt"
     corpus.write_text(CORPUS_TEXT[:40_000])
-    out = tmp_path / "out"
     assert run_script(["--preset", "debug", "--train_file", str(corpus), "--tokenizer_type", "char",
-                       "--max_train_steps", "30", "--learning_rate", "1e-2", "--train_batch_size", "8",
-                       "--tgt_len", "32", "--eval_tgt_len", "32", "--output_dir", str(out)]) == 0
-    history = eval_history(out)
+                       "--max_train_steps", "30", "--learning_rate", learning_rate, "--train_batch_size", "8",
+                       "--tgt_len", "32", "--eval_tgt_len", "32", "--output_dir", str(tmp_path / "out"),
+                       "--seed", str(seed)]) == 0
+    return eval_history(tmp_path / "out")
+
+
+@pytest.mark.training_outcome
+def test_script_on_a_char_level_text_file_reports_bpc(tmp_path):
+    out = tmp_path / "out"
+    history = char_level_run(tmp_path)
     assert history[0]["step"] == 0 and history[-1]["step"] == 30
     assert history[-1]["bpc"] < history[0]["bpc"] - 0.5  # it learns character statistics
     config = json.loads((out / "training_config.json").read_text())
     assert config["tokenizer_type"] == "char" and config["resolved_batch"]["train_batch_size"] == 8
 
 
-def test_plm_objective_trains_on_a_wikitext_folder(tmp_path, wikitext_folder):
-    out = tmp_path / "plm"
+def plm_folder_run(tmp_path, wikitext_folder, seed: int = 42, learning_rate: str = "1e-2") -> list[dict]:
+    """40 permutation-LM steps of the debug preset on a WikiText-like folder; the evaluation history."""
     valid = tmp_path / "valid.txt"  # the final evaluation reads the whole split: 250 lines keep it to seconds
     valid.write_text("\n".join((wikitext_folder / "valid.txt").read_text().splitlines()[:250]) + "\n")
     assert run_script(["--objective", "plm", "--preset", "debug", "--dataset_name", str(wikitext_folder),
                        "--validation_file", str(valid), "--tgt_len", "16", "--mem_len", "8", "--max_train_steps", "40",
-                       "--learning_rate", "1e-2", "--eval_steps", "20", "--max_eval_segments", "10",
-                       "--output_dir", str(out)]) == 0
-    history = eval_history(out)
+                       "--learning_rate", learning_rate, "--eval_steps", "20", "--max_eval_segments", "10",
+                       "--output_dir", str(tmp_path / "plm"), "--seed", str(seed)]) == 0
+    return eval_history(tmp_path / "plm")
+
+
+@pytest.mark.training_outcome
+def test_plm_objective_trains_on_a_wikitext_folder(tmp_path, wikitext_folder):
+    out = tmp_path / "plm"
+    history = plm_folder_run(tmp_path, wikitext_folder)
     assert [h["step"] for h in history] == [0, 20, 40]
     # `--max_eval_segments` caps the evaluations during training, not the final one
     assert history[1]["eval_tokens"] == 10 * 4 * 3 and history[-1]["eval_tokens"] > 10 * history[1]["eval_tokens"]
@@ -424,6 +437,19 @@ def test_a_tokenizer_that_leaves_most_of_the_corpus_unknown_is_warned_about(tmp_
     assert "unknown token" not in caplog.text
 
 
+def unigram_run(tmp_path, objective: str, seed: int = 42, learning_rate: str = "1e-2") -> list[dict]:
+    """30 steps of the debug preset on the built-in corpus with a 400-piece Unigram tokenizer; the evaluation
+    history."""
+    extra = ["--objective", "plm", "--tgt_len", "16", "--mem_len", "8"] if objective == "plm" else []
+    assert run_script(["--preset", "debug", "--tokenizer_type", "unigram", "--tokenizer_vocab_size", "400",
+                       "--max_train_steps", "30", "--learning_rate", learning_rate, "--eval_steps", "30",
+                       "--max_eval_segments", "10", "--output_dir", str(tmp_path / objective), "--seed", str(seed),
+                       *extra]) == 0
+    return eval_history(tmp_path / objective)
+
+
+@pytest.mark.training_outcome
+@pytest.mark.long_training
 @pytest.mark.parametrize("objective", ["clm", "plm"])
 def test_unigram_tokenizer_runs_the_main_command(objective, tmp_path):
     """`--tokenizer_type unigram` (XLNet's subwords) end to end, causal LM and permutation LM: it learns, and its
@@ -437,12 +463,9 @@ def test_unigram_tokenizer_runs_the_main_command(objective, tmp_path):
     from modeling_xl.training.data_sources import corpus_source, tokenizer_recipe
 
     out = tmp_path / objective
-    extra = ["--objective", "plm", "--tgt_len", "16", "--mem_len", "8"] if objective == "plm" else []
-    assert run_script(["--preset", "debug", "--tokenizer_type", "unigram", "--tokenizer_vocab_size", "400",
-                       "--max_train_steps", "30", "--learning_rate", "1e-2", "--eval_steps", "30",
-                       "--max_eval_segments", "10", "--output_dir", str(out), *extra]) == 0
-    history = eval_history(out)
-    assert history[-1]["eval_loss"] < history[0]["eval_loss"] - 0.5
+    history = unigram_run(tmp_path, objective)
+    # the drop's lowest of 10 draws (5 seeds x 2 CPU kernel sets): 1.17 (clm), 0.56 (plm); no learning: ~0
+    assert history[-1]["eval_loss"] < history[0]["eval_loss"] - 0.3, history
     tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=False)
     assert len(tokenizer) == json.loads((out / "config.json").read_text())["vocab_size"] == 400
     pair = tokenizer("Zebra Quartz", "QUIXOTIC jackdaws")["input_ids"]
