@@ -46,6 +46,18 @@ class Projection(nn.Module):
         self.weight = nn.Parameter(torch.zeros(d_model, d_in))
 
 
+class OutputTable(nn.Module):
+    """A cluster's output weight [tokens, d_emb] and bias [tokens]: what `AdaptiveLogSoftmax.cluster_weights` reads
+    (the weight tied to the embedding's table), never called as a layer. Not an `nn.Linear`: tools that adapt every
+    linear layer (peft's `target_modules="all-linear"`) leave a model's output embeddings alone, and they recognise
+    those by the one module `get_output_embeddings()` returns, which here is the whole softmax, its tables inside."""
+
+    def __init__(self, d_in: int, tokens: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(tokens, d_in))
+        self.bias = nn.Parameter(torch.zeros(tokens))
+
+
 class AdaptiveEmbedding(nn.Module):
     """Token ids [B, T] -> embeddings [B, T, d_model], scaled by sqrt(d_model) as in the paper's code."""
 
@@ -123,11 +135,11 @@ class AdaptiveLogSoftmax(nn.Module):
         self.shortlist = self.bounds[0][1]
         self.div_val = config.div_val
         if config.div_val == 1:
-            self.out_layers = nn.ModuleList([nn.Linear(config.d_embed, config.vocab_size)])
+            self.out_layers = nn.ModuleList([OutputTable(config.d_embed, config.vocab_size)])
             dims = [config.d_embed] * len(self.bounds)
         else:
             dims = [config.d_embed // config.div_val**i for i in range(len(self.bounds))]
-            self.out_layers = nn.ModuleList(nn.Linear(d, hi - lo) for (lo, hi), d in zip(self.bounds, dims))
+            self.out_layers = nn.ModuleList(OutputTable(d, hi - lo) for (lo, hi), d in zip(self.bounds, dims))
         projs = [Projection(config.d_model, d) for d in dims] if needs_projections(config) else []
         self.out_projs = nn.ModuleList(projs)
         if self.n_clusters:
@@ -278,7 +290,6 @@ def resize_vocabulary(embedding: AdaptiveEmbedding, softmax: AdaptiveLogSoftmax 
         layer.weight = table.weight if tied else nn.Parameter(
             _resize_rows(layer.weight.data, new_size - table_start, mean_resizing, config.init_std))
         layer.bias = nn.Parameter(_resize_rows(layer.bias.data, new_size - table_start, mean_resizing, 0.0))
-        layer.out_features = new_size - table_start
         softmax.vocab_size = new_size
         softmax.bounds = cluster_bounds(new_size, list(config.cutoffs))
         softmax.shortlist = softmax.bounds[0][1]

@@ -188,11 +188,12 @@ class TiedEmbeddingLookup(torch.autograd.Function):
 def table_gradient_for(embedding: nn.Module, output_layer: nn.Module, input_ids, inputs_embeds,
                        ) -> TableGradient | None:
     """A `TableGradient` for one forward when the output layer's weight is `embedding`'s own table, that table is
-    looked up from `input_ids` with gradients on, and both are plain `nn.Embedding` / `nn.Linear` modules that nothing
-    hooks into (the deferred path computes their products itself, so a hook, an adapter or a subclass would be
-    skipped); outside `torch.compile` (where the plain ops are traced instead) and compiled autograd. Else None, and
-    both modules run as they are."""
-    plain = (_unhooked(embedding, nn.Embedding) and _unhooked(output_layer, nn.Linear)
+    looked up from `input_ids` with gradients on, the embedding is a plain `nn.Embedding` that nothing hooks into (the
+    deferred path computes its lookup itself, so a hook, an adapter or a subclass would be skipped) and the output
+    table (`adaptive_softmax.OutputTable`, whose weight is only ever read) has no hooks either; outside
+    `torch.compile` (where the plain ops are traced instead) and compiled autograd. Else None, and both modules run as
+    they are."""
+    plain = (_unhooked(embedding, nn.Embedding) and _unhooked(output_layer, type(output_layer))
              and embedding.padding_idx is None and embedding.max_norm is None and not embedding.sparse
              and not embedding.scale_grad_by_freq)
     if (not plain or output_layer.weight is not embedding.weight or not embedding.weight.requires_grad

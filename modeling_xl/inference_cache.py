@@ -198,6 +198,8 @@ class PositionTable:
             return
         if any(type(layer.position_weights()[0].data) is not torch.Tensor for layer in layers):
             return  # sharded weights (FSDP2 DTensors) are whole only inside each layer's own forward
+        if not all(layer.positions_cacheable() for layer in layers):
+            return  # an adapter on the projection: its output is not the weight's product (nothing is cached)
         for layer, cache in zip(layers, self.projections):  # `relative_attention.RelativeMultiHeadAttention`s
             weights = layer.position_weights()
             projected = cache.get(full, weights)

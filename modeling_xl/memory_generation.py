@@ -30,6 +30,7 @@ class MemoryGenerationMixin(GenerationMixin):
     `self.transformer` and the adaptive softmax as `self.lm_head`)."""
 
     static_decoding: str | None = "eager"  # "eager", "compiled" or None: how generation runs its one-token steps
+    static_decoding_options: dict = {}  # torch.compile's options for "compiled" (default: CUDA graphs on CUDA)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -68,8 +69,9 @@ class MemoryGenerationMixin(GenerationMixin):
             real = mask[:, mask.size(1) - mems[0].size(1):]
         state = DecodeState.from_mems(self.transformer, mems, real)
         if self.static_decoding == "compiled":
-            mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs: the step captured once
-            state.compiled_step = torch.compile(state._step, mode=mode, fullgraph=True)
+            options = {"mode": "reduce-overhead"} if self.device.type == "cuda" else {}  # CUDA graphs: captured once
+            state.compiled_step = torch.compile(state._step, fullgraph=True, **{**options,
+                                                                                **self.static_decoding_options})
         return state
 
     def prepare_inputs_for_generation(self, input_ids, mems=None, attention_mask=None, mems_hold_input=False,

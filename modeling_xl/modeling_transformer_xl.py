@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import ModelOutput
 
-from .adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, resize_vocabulary, tied_weight_map
+from .adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, OutputTable, resize_vocabulary, tied_weight_map
 from .auto_map import auto_map_for, complete_auto_map, share_weight_files
 from .checkpoint_import import import_checkpoint
 from .configuration_transformer_xl import TransformerXLConfig
@@ -41,10 +41,13 @@ from .kernel_registry import kernel
 from .layer_norm import LayerNorm
 from .memory import memory_like, update_memory
 from .memory_generation import MemoryGenerationMixin
+from .peft_defaults import register_lora_targets
 from .relative_attention import RelativeMultiHeadAttention
 from .relative_positions import causal_mask, with_key_padding
 from .size_estimate import check_model_fits
 from .static_decoding import DecodeState
+
+register_lora_targets()  # peft's default LoRA targets for this model_type, when peft is installed
 
 
 @dataclass
@@ -179,7 +182,7 @@ class TransformerXLPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module):
         std, proj_std = self.config.init_std, self.config.proj_init_std
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        if isinstance(module, (nn.Linear, nn.Embedding, OutputTable)):
             module.weight.normal_(0.0, std)
             if getattr(module, "bias", None) is not None:
                 module.bias.zero_()

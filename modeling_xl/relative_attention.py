@@ -62,6 +62,22 @@ def relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_p: floa
     return masked_softmax_attention(ac + bd, value, mask, dropout_p)
 
 
+def is_plain_linear(layer: nn.Module) -> bool:
+    """`layer` is a bare `nn.Linear`: its output is the product with its `weight` alone, so rows of the weight give
+    those columns of the output, and what the inference caches derive from it is keyed by that weight. An adapter
+    wrapping the layer (peft's LoRA adds `B A x` to `W x`) leaves `weight` as it was: such a layer runs as a module,
+    whole, and nothing computed from it is cached (turning the adapter off changes no tensor a cache could see)."""
+    return type(layer) is nn.Linear
+
+
+def project_rows(layer: nn.Module, x: torch.Tensor, rows: slice) -> torch.Tensor:
+    """`layer(x)[..., rows]` of a bias-free linear layer: only those rows of a plain layer's weight are multiplied
+    (the memory's keys and values need no queries); an adapted layer's whole output is sliced."""
+    if is_plain_linear(layer):
+        return F.linear(x, layer.weight[rows])
+    return layer(x)[..., rows]
+
+
 class RelativeMultiHeadAttention(nn.Module):
     """Transformer-XL attention sublayer with its residual connection and LayerNorm (pre- or post-norm).
 
@@ -104,9 +120,10 @@ class RelativeMultiHeadAttention(nn.Module):
         inner = self.n_head * self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
         if queries:
-            q, k, v = F.linear(x, self.qkv_net.weight).split(inner, dim=-1)
+            q, k, v = project_rows(self.qkv_net, x, slice(None)).split(inner, dim=-1)
         else:
-            q, (k, v) = None, F.linear(x, self.qkv_net.weight[inner:]).split(inner, dim=-1)
+            q, (k, v) = None, project_rows(self.qkv_net, x, slice(inner, None)).split(inner, dim=-1)
+        use_cache = use_cache and is_plain_linear(self.qkv_net)
         k, v = self.split_heads(k), self.split_heads(v)
         has_mem = mem is not None and mem.size(1) > 0
         if use_cache:
@@ -129,7 +146,7 @@ class RelativeMultiHeadAttention(nn.Module):
         """Keys and values [B, H, M, D] of the memory [B, M, d] (views of one product)."""
         inner = self.n_head * self.d_head
         mem = self.layer_norm(mem) if self.pre_lnorm else mem
-        return [self.split_heads(x) for x in F.linear(mem, self.qkv_net.weight[inner:]).split(inner, -1)]
+        return [self.split_heads(x) for x in project_rows(self.qkv_net, mem, slice(inner, None)).split(inner, -1)]
 
     def _memory_weights(self) -> tuple[torch.Tensor, ...]:
         return (self.qkv_net.weight, self.layer_norm.weight, self.layer_norm.bias) if self.pre_lnorm else (
@@ -143,6 +160,10 @@ class RelativeMultiHeadAttention(nn.Module):
     def position_weights(self) -> tuple[torch.Tensor, ...]:
         """The weights the projection of the position table depends on (`inference_cache` keys)."""
         return (self.r_net.weight,)
+
+    def positions_cacheable(self) -> bool:
+        """Whether W_R R may be kept: not while an adapter wraps `r_net` (`is_plain_linear`)."""
+        return is_plain_linear(self.r_net)
 
     def offer_position_projection(self, pos_emb: torch.Tensor, projected: torch.Tensor) -> None:
         """Keep `projected` [H, K, D] as W_R `pos_emb`, computed elsewhere (`inference_cache.PositionTable`)."""
@@ -170,6 +191,7 @@ class RelativeMultiHeadAttention(nn.Module):
 
     def project_positions(self, pos_emb: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         """W_R R: [K, d] -> [H, K, D]; with `use_cache`, reused while the backbone hands over the same table."""
+        use_cache = use_cache and self.positions_cacheable()
         r = self.position_cache.get(pos_emb, self.position_weights()) if use_cache else None
         if r is None:
             r = self.r_net(pos_emb).view(-1, self.n_head, self.d_head).transpose(0, 1)

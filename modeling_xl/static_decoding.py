@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from .precision import at_least_float32
+from .relative_attention import project_rows
 from .relative_positions import relative_positions, sinusoid_table
 
 
@@ -111,7 +111,7 @@ class DecodeState:
             u = attn.r_w_bias if cfg.untie_r else backbone.r_w_bias
             v = attn.r_r_bias if cfg.untie_r else backbone.r_r_bias
             x = attn.layer_norm(h) if attn.pre_lnorm else h
-            q, k, val = (attn.split_heads(t) for t in F.linear(x, attn.qkv_net.weight).split(
+            q, k, val = (attn.split_heads(t) for t in project_rows(attn.qkv_net, x, slice(None)).split(
                 attn.n_head * attn.d_head, dim=-1))  # [B, H, 1, D] each
             attn_vec = self._attend(q, k, val, u, v, self.keys[i], self.values[i], self.positions[i], dist,
                                     hidden_mask)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kernel_registry import attention_kernel, kernel
-from .relative_attention import RelativeMultiHeadAttention, masked_softmax_attention
+from .relative_attention import RelativeMultiHeadAttention, masked_softmax_attention, project_rows
 from .relative_positions import rel_shift
 
 
@@ -219,7 +219,7 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
         if g is None:
             return self.merge(h, h_vec), (h_probs, None)
         g_in = self.layer_norm(g) if self.pre_lnorm else g
-        q_g = self.split_heads(F.linear(g_in, self.qkv_net.weight[: self.n_head * self.d_head]))  # [B, H, P, D]
+        q_g = self.split_heads(project_rows(self.qkv_net, g_in, slice(self.n_head * self.d_head)))  # [B, H, P, D]
         g_vec, g_probs = self.attend_stream(q_g, k, v, r, biases, shift, query, output_attentions)
         if not content_output:
             return self.merge(g, g_vec), (None, g_probs)

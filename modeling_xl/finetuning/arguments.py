@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..runtime.validators import check_model_source, choice, positive_int
+from .adapters import AdapterArguments, validate_adapter_arguments
 
 RESULTS_FILE = "classification_results.json"
 TRAINING_CONFIG = "training_config.json"  # every resolved argument, and which defaults were chosen for this model
@@ -21,9 +22,9 @@ BUILTIN_TASKS = ("builtin", "builtin-long")  # see finetuning.builtin_task
 
 
 @dataclass
-class CommonArguments:
+class CommonArguments(AdapterArguments):
     """What every fine-tuning run needs, whatever its task (`FinetuneArguments` and the task scripts' arguments add
-    their columns and options)."""
+    their columns and options); the LoRA options come from `adapters.AdapterArguments`."""
 
     model_name_or_path: str = field(metadata={"help": "the pretrained folder (causal / permutation LM, classifier)"})
     output_dir: str = field(metadata={"help": "where the fine-tuned model, results, card and checkpoints go"})
@@ -111,6 +112,7 @@ def validate_common(args: CommonArguments, results_file: str = RESULTS_FILE) -> 
         check_model_source(name, getattr(args, name))
     if args.compare_with is not None:  # read after training: a wrong path would fail once the time is spent
         compare_results_path(args.compare_with, results_file)
+    validate_adapter_arguments(args)
 
 
 def validate_task(args: CommonArguments, results_file: str, example_dataset: str) -> None:

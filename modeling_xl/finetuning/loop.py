@@ -30,6 +30,7 @@ from ..runtime.run_folder import (
 )
 from ..runtime.validators import local_folder_hint
 from ..training.engines import refuse_split_world
+from . import adapters
 from .arguments import TRAINING_CONFIG
 from .card import save_model, save_training_config
 from .checkpoints import (
@@ -53,7 +54,7 @@ logger = logging.getLogger(__name__)
 def final_files(results_file: str) -> tuple[str, ...]:
     """What the final save of a fine-tuning run writes at the top of its output folder: the model files, the step
     log, the resolved arguments, the results (`save_model`, `save_training_config`, `Job.save_records`)."""
-    return (*MODEL_FILES, LOG_FILE, TRAINING_CONFIG, results_file)
+    return (*MODEL_FILES, *adapters.ADAPTER_FILES, LOG_FILE, TRAINING_CONFIG, results_file)
 
 
 def run_finetuning(args) -> dict:
@@ -171,11 +172,11 @@ def load_job_data(job: Job, accelerator) -> JobData:
 
 
 def build_training(job: Job, accelerator, data: JobData, max_steps: int):
-    """The model (checked against the tokenizer), AdamW and the linear schedule, prepared."""
+    """The model (with `--lora_r`, under a LoRA adapter; checked against the tokenizer), AdamW and the linear schedule, prepared."""
     from transformers import get_scheduler
 
     args = job.args
-    model = job.build_model(data.model_config)
+    model = adapters.attach_adapter(job.build_model(data.model_config), args)  # with --lora_r: a LoRA adapter (peft)
     # before the first batch: an id past the embedding would fail there, naming neither the model nor the tokenizer
     check_vocab_matches(data.tokenizer, model.config, allow_larger_model=True,
                         context=f"tokenizer_name={args.tokenizer_name or args.model_name_or_path!r} does not fit "
@@ -207,7 +208,11 @@ def finish(job: Job, accelerator, model, data: JobData, history: list, step: int
     args = job.args
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        save_model(accelerator.unwrap_model(model), data.tokenizer, data.pad_id, output_dir)
+        unwrapped = accelerator.unwrap_model(model)
+        if adapters.is_adapted(unwrapped):  # --lora_r: the adapter (with --merge_lora, the merged model too)
+            adapters.save_adapted(unwrapped, data.tokenizer, data.pad_id, output_dir, args.merge_lora)
+        else:
+            save_model(unwrapped, data.tokenizer, data.pad_id, output_dir)
     accelerator.wait_for_everyone()
     already = bool(history) and history[-1]["step"] == step  # the last step was an eval step: already scored
     final = ({k: v for k, v in history[-1].items() if k != "step"} if already
@@ -219,12 +224,13 @@ def finish(job: Job, accelerator, model, data: JobData, history: list, step: int
                "num_train_examples": len(data.train), "num_dev_examples": len(data.dev),
                "initialisation": "from scratch" if args.from_scratch else f"pretrained {args.model_name_or_path}",
                "unknown_token_share": None if data.coverage is None else data.coverage["share"], "args": asdict(args),
-               "defaults_chosen": chosen}
+               "defaults_chosen": chosen, "parameters": adapters.trainable_parameters(accelerator.unwrap_model(model))}
     if accelerator.is_main_process:
         if not already:
             log.write({"step": step, **final})
         save_training_config(args, chosen, output_dir)
         job.save_records(results, accelerator.unwrap_model(model).config)
+        adapters.write_card_section(accelerator.unwrap_model(model), args, output_dir)
     return results
 
 
