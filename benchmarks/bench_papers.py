@@ -89,6 +89,28 @@ def n_params(folder: Path, kind: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------------------ xl-vs-gpt2
+def tune_gpt2(train, valid, config: dict, folder: Path, steps: int, scores: Scores) -> tuple[dict, str]:
+    """GPT-2 with n_positions 256 at every learning rate of the grid, scored at the main context; the grid widened
+    by a factor of 2 past an edge that wins (at most twice), so the anchor's best lies inside it. ({name: model},
+    the best name)."""
+    import papers_lm as lm
+
+    rates, models = list(lm.LEARNING_RATES), {}
+    for _ in range(3):
+        for lr in rates:
+            name = f"gpt2_n{lm.GPT2_LENGTHS[0]}_lr{lr:g}"
+            if name not in models:
+                gpt2 = lm.gpt2_config(config, lm.GPT2_LENGTHS[0], config["vocab_size"])
+                models[name] = {"kind": "gpt2", "train": lm.train_gpt2(train, gpt2, lr, steps, folder / name)}
+                scores.get(name, lm.MAIN_CONTEXT, lambda: lm.score_gpt2(folder / name, valid, lm.MAIN_CONTEXT))
+        best = min(models, key=lambda n: scores.get(n, lm.MAIN_CONTEXT, None)["perplexity"])
+        lr = models[best]["train"]["lr"]
+        if lr not in (min(rates), max(rates)):
+            break
+        rates.append(lr * 2 if lr == max(rates) else lr / 2)
+    return models, best
+
+
 def compare_on_corpus(corpus: str, folder: Path, steps: int | None, valid_tokens: int | None = None) -> dict:
     """Ours, the GPT-2 grid and the long-window GPT-2 on one corpus, with every score of the sweep."""
     import numpy as np
@@ -96,25 +118,19 @@ def compare_on_corpus(corpus: str, folder: Path, steps: int | None, valid_tokens
     import papers_lm as lm
 
     folder.mkdir(parents=True, exist_ok=True)
+    steps = steps or lm.recipe()["max_steps"]
     ours = lm.pretrain_ours(corpus, folder / "ours", steps)
     train, valid = lm.token_streams(corpus, folder / "ours")
     valid = valid[:valid_tokens]
     np.save(folder / "train_ids.npy", train)  # read by the speed workers
     config = json.loads((folder / "ours" / "config.json").read_text())
     scores = Scores(folder / "scores.json")
-    models = {"ours": {"kind": "ours", "train": ours}}
-    for lr in lm.LEARNING_RATES:
-        name = f"gpt2_n{lm.GPT2_LENGTHS[0]}_lr{lr:g}"
-        gpt2 = lm.gpt2_config(config, lm.GPT2_LENGTHS[0], config["vocab_size"])
-        models[name] = {"kind": "gpt2", "train": lm.train_gpt2(train, gpt2, lr, steps or lm.recipe()["max_steps"],
-                                                               folder / name)}
-        scores.get(name, lm.MAIN_CONTEXT, lambda: lm.score_gpt2(folder / name, valid, lm.MAIN_CONTEXT))
-    grid = [n for n in models if n != "ours"]
-    best = min(grid, key=lambda n: scores.get(n, lm.MAIN_CONTEXT, None)["perplexity"])
+    grid, best = tune_gpt2(train, valid, config, folder, steps, scores)
+    models = {"ours": {"kind": "ours", "train": ours}, **grid}
     long = f"gpt2_n{lm.GPT2_LENGTHS[1]}_lr{models[best]['train']['lr']:g}"
     gpt2 = lm.gpt2_config(config, lm.GPT2_LENGTHS[1], config["vocab_size"])
-    models[long] = {"kind": "gpt2", "train": lm.train_gpt2(train, gpt2, models[best]["train"]["lr"],
-                                                           steps or lm.recipe()["max_steps"], folder / long)}
+    models[long] = {"kind": "gpt2", "train": lm.train_gpt2(train, gpt2, models[best]["train"]["lr"], steps,
+                                                           folder / long)}
     for context in lm.CONTEXTS:
         scores.get("ours", context, lambda: lm.score_ours(folder / "ours", valid, context))
         for name in (best, long):
@@ -215,61 +231,69 @@ def claimed(path: Path, wait: bool):
 
 
 def run_units(units: list) -> None:
-    """Each (result path, function writing it) not done yet: first those no other process holds, then the rest,
-    waiting for them (so that two processes of the same command share the work and both end with every result)."""
+    """Each (result path, function writing it, paths it needs...) not done yet: first those whose inputs exist and
+    that no other process holds, then the rest in order, waiting for each. Two processes of the same command so
+    share the work, and both end with every result."""
     for wait in (False, True):
-        for path, work in units:
-            if path.exists():
+        for path, work, *needs in units:
+            if path.exists() or (not wait and not all(n.exists() for n in needs)):
                 continue
             with claimed(path, wait) as mine:
                 if mine and not path.exists():
                     work()
 
 
-def pretrain_three(root: Path, steps: int) -> dict:
-    """The tokenizer, then the permutation LM, the causal LM and BERT (each skipped when it exists)."""
+def pretraining_units(root: Path, steps: int) -> list:
+    """The tokenizer, then the permutation LM, the causal LM and BERT, each behind the file that says it is done."""
     import papers_plm as plm
 
     tokenizer = root / "tokenizer"
-    run_units([(tokenizer / "tokenizer.json", lambda: plm.train_tokenizer(tokenizer))])
-    run_units([(root / "plm" / "wall.json", lambda: plm.pretrain_ours("plm", tokenizer, root / "plm", steps)),
-               (root / "clm" / "wall.json", lambda: plm.pretrain_ours("clm", tokenizer, root / "clm", steps)),
-               (root / "bert" / "train.json", lambda: plm.pretrain_bert(tokenizer, root / "bert", steps))])
-    done = {m: plm.pretrain_ours(m, tokenizer, root / m, steps) for m in ("plm", "clm")}
-    done["bert"] = plm.pretrain_bert(tokenizer, root / "bert", steps)
-    for model in plm.MODELS:
-        done[model]["params"] = sum(t.numel() for t in _state(root / model).values())
-    return done
+    made = tokenizer / "tokenizer.json"
+    return [(made, lambda: plm.train_tokenizer(tokenizer)),
+            (plm.pretrained_marker(root, "plm"), lambda: plm.pretrain_ours("plm", tokenizer, root / "plm", steps), made),
+            (plm.pretrained_marker(root, "clm"), lambda: plm.pretrain_ours("clm", tokenizer, root / "clm", steps), made),
+            (plm.pretrained_marker(root, "bert"), lambda: plm.pretrain_bert(tokenizer, root / "bert", steps), made)]
 
 
-def _state(folder: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(folder / "model.safetensors")
-
-
-def finetune_all(root: Path, budget: dict, seeds, dev_rows) -> tuple[dict, dict]:
-    """Every (seed, task, model) run whose result file does not exist yet, seed by seed; {run: result}, tasks."""
+def finetuning_units(root: Path, budget: dict, seeds, dev_rows) -> list:
+    """The task files, the example scripts, the causal LM's question-first copy, then every (seed, task, model) run,
+    each runnable as soon as what it reads exists (so fine-tuning starts while a slower model still pretrains)."""
     import papers_plm as plm
 
-    data = root / "data"
-    run_units([(data / "tasks.json", lambda: plm.prepare_tasks(data, budget, dev_rows))])
-    tasks = plm.prepare_tasks(data, budget, dev_rows)
-    run_units([(root / "clm_question_first" / "config.json", lambda: plm.model_folders(root)),
-               (root / "hf_scripts" / "question-answering" / "run_qa.py",
-                lambda: plm.example_scripts(root / "hf_scripts"))])
-    folders, scripts = plm.model_folders(root), plm.example_scripts(root / "hf_scripts")
-    runs = [(task, model, seed) for seed in seeds for task in budget for model in plm.MODELS]
+    tasks, scripts = root / "data" / "tasks.json", root / "hf_scripts" / "question-answering" / "run_qa.py"
+    question_first = root / "clm_question_first.json"
+    units = [(tasks, lambda: plm.prepare_tasks(root / "data", budget, dev_rows)),
+             (scripts, lambda: plm.example_scripts(root / "hf_scripts")),
+             (question_first, lambda: plm.question_first_copy(root), plm.pretrained_marker(root, "clm"))]
 
     def run(task, model, seed):
         out = root / "runs" / f"{task}_{model}_s{seed}"
-        result = plm.finetune(task, folders[model][task], tasks[task]["files"], seed, out, budget, scripts)
+        files = json.loads(tasks.read_text())[task]["files"]
+        result = plm.finetune(task, plm.model_folder(root, model, task), files, seed, out, budget,
+                              root / "hf_scripts")
         out.with_suffix(".json").write_text(json.dumps(result, indent=1))
         shutil.rmtree(out, ignore_errors=True)  # the fine-tuned weights: only the scores are kept
 
-    run_units([(root / "runs" / f"{t}_{m}_s{s}.json", lambda t=t, m=m, s=s: run(t, m, s)) for t, m, s in runs])
-    results = {(t, m, s): json.loads((root / "runs" / f"{t}_{m}_s{s}.json").read_text()) for t, m, s in runs}
-    return results, tasks
+    for seed in seeds:
+        for task in budget:
+            for model in plm.MODELS:
+                needs = [plm.pretrained_marker(root, model), tasks, scripts]
+                needs += [question_first] if plm.model_folder(root, model, task).name == "clm_question_first" else []
+                units.append((root / "runs" / f"{task}_{model}_s{seed}.json",
+                              lambda t=task, m=model, s=seed: run(t, m, s), *needs))
+    return units
+
+
+def pretrained(root: Path, steps: int) -> dict:
+    """What each pretraining gave (validation or final training loss, seconds) and each model's parameters."""
+    import papers_plm as plm
+    from safetensors.torch import load_file
+
+    done = {m: plm.pretrain_ours(m, root / "tokenizer", root / m, steps) for m in ("plm", "clm")}
+    done["bert"] = plm.pretrain_bert(root / "tokenizer", root / "bert", steps)
+    for model in plm.MODELS:
+        done[model]["params"] = sum(t.numel() for t in load_file(root / model / "model.safetensors").values())
+    return done
 
 
 def plm_vs_bert(args) -> dict:
@@ -282,10 +306,13 @@ def plm_vs_bert(args) -> dict:
     if args.dry_run:
         budget = {task: (runner, 48, 1, length) for task, (runner, _, _, length) in budget.items()}
         seeds, dev_rows = plm.SEEDS[:1], 48
-    pretrained = pretrain_three(root, args.steps or plm.PRETRAIN_STEPS)
-    results, tasks = finetune_all(root, budget, seeds, dev_rows)
+    steps = args.steps or plm.PRETRAIN_STEPS
+    run_units(pretraining_units(root, steps) + finetuning_units(root, budget, seeds, dev_rows))
+    tasks = json.loads((root / "data" / "tasks.json").read_text())
+    results = {(t, m, s): json.loads((root / "runs" / f"{t}_{m}_s{s}.json").read_text())
+               for s in seeds for t in budget for m in plm.MODELS}
     table = plm_table(results, tasks, seeds, plm.MODELS)
-    payload = {"table": "plm-vs-bert", "pretraining": pretrained, "budget": budget, "seeds": seeds, "tasks": tasks,
+    payload = {"table": "plm-vs-bert", "pretraining": pretrained(root, steps), "budget": budget, "seeds": seeds, "tasks": tasks,
                "runs": {f"{t}/{m}/{s}": r for (t, m, s), r in results.items()}, "markdown": table,
                "seconds_this_run": time.perf_counter() - start}
     write_json(args.results / "plm-vs-bert.json", payload)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -172,15 +173,23 @@ def pretrain_bert(tokenizer: Path, folder: Path, steps: int, seed: int = 42) -> 
 
 
 # ------------------------------------------------------------------------------------------------------------ folders
-def model_folders(root: Path) -> dict:
-    """{model: {task: folder}}: each model's own folder, plus the causal LM's copy that pads on the right for QA."""
+def pretrained_marker(root: Path, model: str) -> Path:
+    """The file whose existence says that `model` is pretrained (written last)."""
+    return root / model / ("train.json" if model == "bert" else "wall.json")
+
+
+def model_folder(root: Path, model: str, task: str) -> Path:
+    """The folder `model` is fine-tuned from on `task`: its own, or for the causal LM's QA its question-first copy."""
+    return root / "clm_question_first" if (model, task) == ("clm", "squad") else root / model
+
+
+def question_first_copy(root: Path) -> None:
+    """The causal LM's folder with a tokenizer that pads on the right: `run_qa.py` then writes the question first."""
     from bench_tasks import right_padded
 
-    if not (root / "clm_question_first").exists():
-        right_padded(root / "clm", root / "clm_question_first")
-    folders = {model: {task: root / model for task in BUDGET} for model in MODELS}
-    folders["clm"]["squad"] = root / "clm_question_first"
-    return folders
+    shutil.rmtree(root / "clm_question_first", ignore_errors=True)  # a copy a killed run left half made
+    right_padded(root / "clm", root / "clm_question_first")
+    (root / "clm_question_first.json").write_text(json.dumps({"source": str(root / "clm"), "padding_side": "right"}))
 
 
 # --------------------------------------------------------------------------------------------------------- task data
