@@ -1,0 +1,71 @@
+"""benchmarks/bench_papers.py: the pieces its equal-budget claims rest on, at toy sizes (the tables themselves take
+hours: docs/papers.md). GPT-2 reads the tokens ours reads; each GPT-2 window gives a target the span of positions
+ours' memory gives it; BERT's blocks are the same stream, framed."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import papers_lm  # noqa: E402
+import papers_plm  # noqa: E402
+
+
+@pytest.mark.parametrize("length", [64, 128, 256, 1024])
+def test_gpt2_windows_read_the_tokens_ours_streams_read(length):
+    from modeling_xl.data.streams import OrderedStreams
+
+    train = np.arange(16 * 64 * 64 + 1)  # a token's id is its position
+    steps = 64
+    ours = OrderedStreams(train, 16, 64)
+    read_by_ours = np.concatenate([ours.batch(i)["input_ids"].reshape(-1).numpy() for i in range(steps)])
+    windows = list(papers_lm.gpt2_windows(train, length, steps))
+    assert all(inputs.numel() == 16 * 64 for inputs, _ in windows)  # the same tokens per step
+    assert all(torch.equal(targets, inputs + 1) for inputs, targets in windows)  # next-token targets
+    read_by_gpt2 = np.concatenate([inputs.reshape(-1).numpy() for inputs, _ in windows])
+    # after each group of steps both have read the same tokens: GPT-2 never runs ahead by more than one window
+    group = max(length // 64, 1)
+    for step in (group, steps // 2, steps):
+        assert np.array_equal(np.sort(read_by_gpt2[: step * 1024]), np.sort(read_by_ours[: step * 1024])), step
+
+
+def test_gpt2_windows_refuse_a_length_that_does_not_split_the_streams():
+    with pytest.raises(ValueError, match="length=96"):
+        next(papers_lm.gpt2_windows(np.arange(10_000), 96, 1))
+
+
+def test_each_window_scores_its_targets_from_the_span_ours_memory_covers():
+    """Target at position p of segment s (positions [s, s + segment)) is scored from tokens max(0, s - context) .. p:
+    the keys ours' memory of `context` and its segment give that query."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=11, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
+    valid = np.random.default_rng(0).integers(0, 11, size=31)
+    segment, context = 4, 8
+    expected = 0.0
+    with torch.no_grad():
+        for p in range(len(valid) - 1):
+            first = p - p % segment
+            window = torch.from_numpy(valid[max(0, first - context) : p + 1])[None]
+            log_probs = model(input_ids=window).logits[0, -1].double().log_softmax(-1)
+            expected -= log_probs[valid[p + 1]].item()
+    nll, count = papers_lm.score_windows(model, valid, context, segment=segment, batch=3)
+    assert count == len(valid) - 1
+    assert nll == pytest.approx(expected, rel=1e-6)
+
+
+def test_bert_blocks_frame_consecutive_pieces_of_each_stream():
+    train = np.arange(16 * 620 + 5)
+    blocks = list(papers_plm.bert_blocks(train, 12, cls=-1, sep=-2))
+    assert all(b.shape == (16, 64) for b in blocks)
+    assert all((b[:, 0] == -1).all() and (b[:, -1] == -2).all() for b in blocks)
+    row_len = len(train) // 16
+    assert blocks[0][3, 1:-1].tolist() == list(range(3 * row_len, 3 * row_len + 62))
+    assert blocks[1][3, 1] == 3 * row_len + 62  # the next piece of the same row
+    assert torch.equal(blocks[10], blocks[0])  # 620 // 62 = 10 pieces a row, then the rows start over
