@@ -72,11 +72,12 @@ def token_streams(corpus: str, folder: Path) -> tuple[np.ndarray, np.ndarray]:
     from transformers import AutoTokenizer
 
     from modeling_xl.data.tokenize import tokenize_corpus
+    from modeling_xl.data.corpora import load_splits
     from modeling_xl.training import parse_args
-    from modeling_xl.training.corpus import load_splits
+    from modeling_xl.training.data_sources import corpus_source
 
     args = parse_args(["--preset", "tiny", *CORPORA[corpus]["data"], "--tokenizer_name", str(folder)])
-    splits, _ = load_splits(args)
+    splits, _ = load_splits(corpus_source(args))
     ids = tokenize_corpus(splits, AutoTokenizer.from_pretrained(folder), text_column=args.text_column)
     return ids["train"].astype(np.int64), ids["validation"].astype(np.int64)
 
@@ -84,7 +85,7 @@ def token_streams(corpus: str, folder: Path) -> tuple[np.ndarray, np.ndarray]:
 def score_ours(folder: Path, valid: np.ndarray, context: int) -> tuple[float, int]:
     """(summed NLL, targets) of the validation stream, 64 tokens a segment, memory `context`."""
     from modeling_xl import TransformerXLForCausalLM
-    from modeling_xl.evaluation import evaluate_stream
+    from modeling_xl.evaluation.long_context import evaluate_stream
 
     model = TransformerXLForCausalLM.from_pretrained(folder)
     out = evaluate_stream(model, torch.from_numpy(valid), tgt_len=SEGMENT, mem_len=context, same_length=False)
