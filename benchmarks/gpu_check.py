@@ -52,14 +52,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # Sizes of the real check and of the dry run (same code, toy shapes).
 SIZES = {
-    "real": dict(train_steps=300, tail=50, window=20, wt_batch=32, wt_tgt=192, wt_mem=192, warm=3, timed=10,
+    "real": dict(train_steps=300, train_batch=16, train_tgt=64, tail=50, window=20,
+                 wt_batch=32, wt_tgt=192, wt_mem=192, warm=3, timed=10,
                  plm_vocab=32000, plm_seq=192, plm_reuse=96, plm_predict=32,
                  eval_batch=8, eval_tgt=128, eval_mems=(400, 800, 1600), eval_clamp=1000, eval_segments=4,
-                 gen_batches=(1, 8), gen_new=200, gen_prompt=16, gen_calls=2, matmul_n=8192),
-    "dry": dict(train_steps=6, tail=2, window=2, wt_batch=2, wt_tgt=16, wt_mem=16, warm=1, timed=1,
+                 gen_batches=(1, 8), gen_new=(200, 1000), gen_prompt=16, gen_calls=2, matmul_n=8192),
+    "dry": dict(train_steps=6, train_batch=4, train_tgt=16, tail=2, window=2,
+                wt_batch=2, wt_tgt=16, wt_mem=16, warm=1, timed=1,
                 plm_vocab=120, plm_seq=32, plm_reuse=16, plm_predict=5,
                 eval_batch=2, eval_tgt=8, eval_mems=(8, 16), eval_clamp=12, eval_segments=1,
-                gen_batches=(1, 2), gen_new=3, gen_prompt=4, gen_calls=1, matmul_n=256),
+                gen_batches=(1, 2), gen_new=(3, 6), gen_prompt=4, gen_calls=1, matmul_n=256),
 }
 # model shapes of the dry run: wt103-base's structure (three tail clusters, div_val 1) at toy width
 DRY_WT103 = dict(vocab_size=300, d_model=32, d_embed=32, n_layer=2, n_head=2, d_head=16, d_inner=64,
@@ -305,10 +307,11 @@ def section_kernels(check: Check) -> dict:
 # ---------------------------------------------------------------------------------------------------------- (b)
 def train_tiny(device, precision: str, sizes: dict, ids: torch.Tensor) -> list[float]:
     """Losses of `sizes["train_steps"]` steps of `tiny` (its recipe: batch 16, tgt 64, mem 64, Adam 3e-3, 50 warmup
-    steps then cosine, no clipping) in fp32, bf16 or fp16 (autocast + GradScaler)."""
+    steps then cosine, no clipping; the dry run's batch and length are smaller) in fp32, bf16 or fp16 (autocast +
+    GradScaler)."""
     from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 
-    steps, batch, tgt = sizes["train_steps"], 16, 64
+    steps, batch, tgt = sizes["train_steps"], sizes["train_batch"], sizes["train_tgt"]
     torch.manual_seed(0)
     model = TransformerXLForCausalLM(TransformerXLConfig.from_preset("tiny")).to(device).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, fused=device.type == "cuda")
@@ -407,7 +410,28 @@ def device_busy(device, step) -> dict:
     return {"busy_s": sum(getattr(e, field, 0) for e in busy) / 1e6, "kernels": sum(e.count for e in busy)}
 
 
-def causal_lm_side(check, impl: str, precision: str, sizes: dict, compiled: bool = False) -> dict:
+# how a side of (c) compiles: not at all, each layer on its own, or the whole forward + loss (its backward through
+# AOT autograd) with the adaptive softmax's tail capacity (static shapes), without or with CUDA graphs
+COMPILE_MODES = {"layers": None, "whole": "max-autotune-no-cudagraphs", "graphs": "reduce-overhead"}
+
+
+def compile_model(model, how: str | None, dry: bool, batches: list[dict]):
+    """`model` compiled as `how` says (see COMPILE_MODES); the dry run traces with `aot_eager` (the same graphs, no
+    code generation: minutes less on a CPU)."""
+    if how is None:
+        return model
+    if how == "layers":
+        for layer in model.transformer.layers:
+            layer.compile(dynamic=False, **({"backend": "aot_eager"} if dry else {}))
+        return model
+    from modeling_xl.training.tail_capacity import batch_tail_counts, tail_capacity
+
+    model.lm_head.tail_capacity = tail_capacity(batch_tail_counts(batches, model.lm_head.bounds))
+    options = {"backend": "aot_eager"} if dry else {"mode": COMPILE_MODES[how]}
+    return torch.compile(model, fullgraph=True, **options)
+
+
+def causal_lm_side(check, impl: str, precision: str, sizes: dict, compiled: str | None = None) -> dict:
     from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 
     device = check.device
@@ -416,21 +440,20 @@ def causal_lm_side(check, impl: str, precision: str, sizes: dict, compiled: bool
     torch.manual_seed(0)
     model = TransformerXLForCausalLM(config).to(device).train()
     model.set_attn_implementation(impl)
-    if compiled:  # each layer compiled on its own (the graph of one layer, reused by all)
-        for layer in model.transformer.layers:
-            layer.compile(dynamic=False)
-    optimizer = torch.optim.Adam(model.parameters(), lr=2.5e-4, fused=device.type == "cuda")
     batch, tgt = sizes["wt_batch"], sizes["wt_tgt"]
     rows = zipf_ids(config.vocab_size, batch * (8 * tgt + 1)).view(batch, -1).to(device)
+    batches = [{"input_ids": rows[:, s * tgt: (s + 1) * tgt],
+                "next_token_labels": rows[:, s * tgt + 1: (s + 1) * tgt + 1]} for s in range(8)]
+    run = compile_model(model, compiled, check.dry, batches)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=device.type == "cuda")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     state = {"mems": None, "i": 0}
 
     def step():
-        start = (state["i"] % 8) * tgt
+        inputs = batches[state["i"] % 8]
         state["i"] += 1
         with autocast(device, dtype):
-            out = model(input_ids=rows[:, start : start + tgt], next_token_labels=rows[:, start + 1 : start + tgt + 1],
-                        mems=state["mems"])
+            out = run(**inputs, mems=state["mems"])
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         optimizer.step()
@@ -438,13 +461,12 @@ def causal_lm_side(check, impl: str, precision: str, sizes: dict, compiled: bool
         state["mems"] = out.mems
 
     result = timed_training(device, step, sizes, batch * tgt)
-    if impl == "sdpa" and not compiled:
+    if impl == "sdpa" and compiled is None:
         result["flops_per_token"] = counted_flops(step) / (batch * tgt)
-    if not compiled:
-        try:
-            result["device"] = device_busy(device, step)
-        except Exception as error:  # the profiler's field names move between torch releases: recorded, not fatal
-            result["device"] = {"error": f"{type(error).__name__}: {error}"}
+    try:
+        result["device"] = device_busy(device, step)
+    except Exception as error:  # the profiler's field names move between torch releases: recorded, not fatal
+        result["device"] = {"error": f"{type(error).__name__}: {error}"}
     return result
 
 
@@ -582,12 +604,12 @@ def section_throughput(check: Check) -> dict:
     check.row("c", f"torch.mm {sizes['matmul_n']}^3", "TFLOP/s (bf16 on CUDA)", rate / 1e12)
     out["attention_ms"] = attention_timing(check, sizes)
     sides = [("eager", "bf16"), ("sdpa", "bf16")] + ([("triton", "bf16")] if available(device.type) else [])
-    sides += [("sdpa", "tf32"), ("sdpa+compile", "bf16")]
+    sides += [("sdpa", "tf32")] + [(f"sdpa+{how}", "bf16") for how in COMPILE_MODES if not check.dry or how == "whole"]
     for impl, precision in sides:
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
         try:
             out[f"ours [{impl}] {precision}"] = causal_lm_side(check, impl.split("+")[0], precision, sizes,
-                                                              compiled=impl.endswith("+compile"))
+                                                              compiled=impl.split("+")[1] if "+" in impl else None)
         except Exception as error:  # one side failing (a compiler error, say) leaves the others standing
             out[f"ours [{impl}] {precision}"] = {"error": f"{type(error).__name__}: {error}"}
             check.row("c", f"train ours [{impl}] {precision}", "FAILED", f"{type(error).__name__}: {str(error)[:150]}")
@@ -607,7 +629,8 @@ def section_throughput(check: Check) -> dict:
         result["mfu"] = result["flops_per_token"] * result["tokens_per_s"] / rate
         note = ""
         if name.startswith("ours ["):
-            note = f"{result['tokens_per_s'] / 59961:.2f}x NVIDIA A100 AMP; {result['tokens_per_s'] / reference['gpt2']:.2f}x GPT-2"
+            rate = result["tokens_per_s"]
+            note = f"{rate / 59961:.2f}x NVIDIA A100 AMP; {rate / reference['gpt2']:.2f}x GPT-2"
         elif name.startswith("ours (permutation"):
             note = f"{result['tokens_per_s'] / reference['xlnet']:.2f}x XLNet (target >= 3x)"
         peak = "" if result["peak_mib"] is None else f", peak {result['peak_mib']:,.0f} MiB"
@@ -656,7 +679,8 @@ def section_evaluation(check: Check) -> dict:
                 sync(device)
                 seconds = time.perf_counter() - begin
             out[f"{impl} mem={mem}"] = {"tokens_per_s": batch * tgt * sizes["eval_segments"] / seconds,
-                                        "peak_mib": peak_since(device, baseline), "mean_loss": nll / sizes["eval_segments"]}
+                                        "peak_mib": peak_since(device, baseline),
+                                        "mean_loss": nll / sizes["eval_segments"]}
         model.cpu()
         del model
         check.cleanup()
@@ -669,12 +693,18 @@ def section_evaluation(check: Check) -> dict:
             peak = "" if result["peak_mib"] is None else f", peak +{result['peak_mib']:,.0f} MiB"
             check.row("d", f"eval [{impl}] tgt {tgt} mem {mem} clamp {sizes['eval_clamp']}", "tokens/s (peak)",
                       f"{result['tokens_per_s']:,.0f}{peak}",
-                      "" if slope is None or mem != sizes["eval_mems"][-1] else f"{slope * 1024:.0f} KiB per memory position")
+                      "" if slope is None or mem != sizes["eval_mems"][-1]
+                      else f"{slope * 1024:.0f} KiB per memory position")
     return out
 
 
 # ---------------------------------------------------------------------------------------------------------- (e)
 def section_generation(check: Check) -> dict:
+    """New tokens per second of `generate` at batch 1 and 8, 200 and 1,000 new tokens, greedy and top-k 40: ours
+    (the memory as ring buffers; `static_decoding` "eager" and "compiled", on CUDA a CUDA graph captured once) against
+    GPT-2 of the same depth and width in both of transformers' modes (its dynamic cache, and its static cache, which
+    transformers compiles on CUDA): each ratio is against GPT-2's better one. Ours should take the same time per
+    token at 1,000 new tokens as at 200 (the memory's size never changes)."""
     from bench_generate import SHAPE
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -685,44 +715,70 @@ def section_generation(check: Check) -> dict:
     shape = dict(SHAPE, vocab_size=300, cutoffs=[20, 40, 200], d_model=32, d_embed=32, d_inner=64, n_head=2,
                  d_head=16, mem_len=8) if check.dry else SHAPE
     torch.manual_seed(0)
-    models = {
-        "ours": TransformerXLForCausalLM(TransformerXLConfig(**shape)),
-        "GPT-2": GPT2LMHeadModel(GPT2Config(vocab_size=shape["vocab_size"], n_positions=1024, n_embd=shape["d_model"],
-                                            n_layer=shape["n_layer"], n_head=shape["n_head"],
-                                            n_inner=shape["d_inner"], resid_pdrop=0.0, embd_pdrop=0.0,
-                                            attn_pdrop=0.0)),
-    }
-    out = {}
-    for name, model in models.items():
+    ours = TransformerXLForCausalLM(TransformerXLConfig(**shape))
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=shape["vocab_size"], n_positions=1024 + 64, n_embd=shape["d_model"],
+                                      n_layer=shape["n_layer"], n_head=shape["n_head"], n_inner=shape["d_inner"],
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    for model in (ours, gpt2):
         model.to(device).eval()
         for config in (model.config, model.generation_config):
             config.eos_token_id = None
             config.pad_token_id = 0
+    if check.dry:  # the same graph, traced without code generation (minutes less on a CPU)
+        ours.static_decoding_options = {"backend": "aot_eager"}
+    sides = {"ours [eager]": (ours, {}, "eager"), "ours [compiled]": (ours, {}, "compiled"),
+             "GPT-2 [dynamic cache]": (gpt2, {}, None),
+             "GPT-2 [static cache, compiled]": (gpt2, {"cache_implementation": "static"}, None)}
     modes = {"greedy": dict(do_sample=False), "top-k 40": dict(do_sample=True, top_k=40)}
+    out = {}
     for batch in sizes["gen_batches"]:
         prompts = zipf_ids(shape["vocab_size"], batch * sizes["gen_prompt"], seed=1).view(batch, -1).to(device)
-        for mode, kwargs in modes.items():
-            rates = {}
-            for name, model in models.items():
-                call = dict(max_new_tokens=sizes["gen_new"], min_new_tokens=sizes["gen_new"], num_beams=1,
-                            eos_token_id=None, pad_token_id=0, **kwargs)
-                with torch.no_grad():
-                    model.generate(prompts, **call)  # warm-up
-                    times = []
-                    for _ in range(sizes["gen_calls"]):
-                        sync(device)
-                        begin = time.perf_counter()
-                        generated = model.generate(prompts, **call)
-                        sync(device)
-                        times.append(time.perf_counter() - begin)
-                if generated.shape[1] != prompts.size(1) + sizes["gen_new"]:
-                    raise RuntimeError(f"{name} generated {generated.shape[1] - prompts.size(1)} tokens; expected "
-                                       f"{sizes['gen_new']}")
-                rates[name] = batch * sizes["gen_new"] / float(np.median(times))
-                out[f"{name} batch={batch} {mode}"] = rates[name]
-            check.row("e", f"generate batch {batch}, {mode}", "new tokens/s: ours / GPT-2",
-                      f"{rates['ours']:,.0f} / {rates['GPT-2']:,.0f}", f"{rates['ours'] / rates['GPT-2']:.2f}x")
+        for new in sizes["gen_new"]:
+            for mode, kwargs in modes.items():
+                rates = {}
+                for name, (model, extra, static) in sides.items():
+                    if model is ours:
+                        ours.static_decoding = static
+                    try:
+                        rates[name] = generation_rate(model, prompts, new, {**kwargs, **extra}, sizes, device)
+                    except Exception as error:  # a mode this release does not offer, say: recorded, not fatal
+                        rates[name] = None
+                        out[f"{name} batch={batch} new={new} {mode} error"] = f"{type(error).__name__}: {error}"
+                    out[f"{name} batch={batch} new={new} {mode}"] = rates[name]
+                generation_rows(check, rates, batch, new, mode)
+    ours.static_decoding = "eager"
     return out
+
+
+def generation_rate(model, prompts, new: int, kwargs: dict, sizes: dict, device) -> float:
+    """New tokens per second of `model.generate` (median of `gen_calls` calls after a warm-up call)."""
+    call = dict(max_new_tokens=new, min_new_tokens=new, num_beams=1, eos_token_id=None, pad_token_id=0, **kwargs)
+    times = []
+    with torch.no_grad():
+        model.generate(prompts, **call)  # warm-up (compilations, captures)
+        for _ in range(sizes["gen_calls"]):
+            sync(device)
+            begin = time.perf_counter()
+            generated = model.generate(prompts, **call)
+            sync(device)
+            times.append(time.perf_counter() - begin)
+    if generated.shape[1] != prompts.size(1) + new:
+        raise RuntimeError(f"generated {generated.shape[1] - prompts.size(1)} tokens; expected {new}")
+    return prompts.size(0) * new / float(np.median(times))
+
+
+def generation_rows(check: Check, rates: dict, batch: int, new: int, mode: str) -> None:
+    gpt2 = max((r for name, r in rates.items() if name.startswith("GPT-2") and r), default=None)
+    best = max((name for name in rates if name.startswith("GPT-2") and rates[name]), key=rates.get, default=None)
+    for name, rate in rates.items():
+        if not name.startswith("ours"):
+            continue
+        value = "FAILED" if rate is None else f"{rate:,.0f}"
+        note = "" if rate is None or gpt2 is None else f"{rate / gpt2:.2f}x {best}"
+        check.row("e", f"generate {name} batch {batch}, {new} new, {mode}", "new tokens/s", value, note)
+    if gpt2 is not None:
+        check.row("e", f"generate GPT-2 batch {batch}, {new} new, {mode}", "new tokens/s (its best mode)",
+                  f"{gpt2:,.0f}", best)
 
 
 def environment(device) -> dict:
@@ -761,7 +817,7 @@ def main(argv=None) -> dict:
     check = Check(device, args.dry_run)
     check.results["environment"] = environment(device)
     print(json.dumps(check.results["environment"]), flush=True)
-    deadline = time.perf_counter() + args.budget_s
+    deadline = None if args.dry_run else time.perf_counter() + args.budget_s  # the dry run checks every section
     path = Path(args.output)
     path.parent.mkdir(parents=True, exist_ok=True)
     for letter in args.sections:

@@ -9,6 +9,7 @@ if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidi
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from floors import is_floor_test  # noqa: E402
 from kernel_sets import inductor_cache_dir  # noqa: E402
 
 # Under pytest-xdist every worker is a process with torch's default of one thread per core: `-n 2` on two cores runs
@@ -69,3 +70,11 @@ def wikitext_folder(tmp_path_factory) -> Path:
     from generated_corpora import write_wikitext_folder
 
     return write_wikitext_folder(tmp_path_factory.mktemp("generated") / "wikitext-like")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests whose outcome depends on a dependency's version (`floors.py`): `.ci/run` runs `-m floors` at
+    every dependency's floor."""
+    for item in items:
+        if is_floor_test(item.nodeid):
+            item.add_marker(pytest.mark.floors)
