@@ -5,7 +5,10 @@ most 32 MiB) with fresh pages from the kernel and unmaps them when the block is 
 heap beyond the trim threshold goes back to the kernel too. A tensor of that size made at every training step, such
 as the tied [V, d] table's gradient (34 MB for a 33,278-word vocabulary at width 256), is then page-faulted in, one
 page at a time, at every step (figures: benchmarks/README.md, "Host memory"). With both thresholds at 1 GiB malloc
-keeps what is freed and hands it out again; the resident size stays at its high-water mark.
+keeps what is freed and hands it out again; the resident size stays at its high-water mark. A block of exactly a
+freed block's size may still come from the top of the heap: torch allocates with posix_memalign, which asks for the
+block plus its alignment, more than the freed chunk holds; in training the page faults per step still fell from
+about 13,000 to about 1,000 (docs/pretraining.md, "Host memory on the CPU").
 
 Process-wide: importing the package changes nothing. The training loops of pretraining and fine-tuning apply it on
 the CPU right before their first step (`runs.keep_freed_host_memory`), after the data, the model and a resumed
