@@ -1,6 +1,8 @@
 """Greedy generation speed (issue 22, item 3): our `TransformerXLForCausalLM.generate` (the memory is the cache) vs
 transformers 5 `GPT2LMHeadModel` of the same depth, width and vocabulary with its KV cache, and vs transformers 4.35
-`TransfoXLLMHeadModel.generate` (the legacy model, memory carried as `mems`).
+`TransfoXLLMHeadModel.generate` (the legacy model, memory carried as `mems`). Ours decodes from ring buffers of
+`mem_len` slots (`static_decoding.DecodeState`): `ours` with the step run eagerly (the default), `ours_compiled` with
+it compiled by torch.compile (`model.static_decoding = "compiled"`; the warm-up call compiles it).
 
 Shape: issue 22's d_model 256 model (4 layers, 8 heads x 32, d_inner 1,024, WikiText-2's 33,278 words, adaptive
 softmax with cutoffs 2k/10k/20k, div_val 1, mem_len 128); GPT-2 gets the same n_layer, n_embd, n_head, n_inner and
@@ -17,7 +19,7 @@ twice: with random weights (every cluster is about as likely as the best word: n
 `--train-steps` (300) Adam steps on WikiText-2 train (batches 8 x 128, memory carried, lr 1e-3, about 5 minutes;
 the checkpoint is kept in `--trained-dir` and reused by later runs).
 
-Every measurement runs in a fresh process; the three sides alternate `--repeats` times (so load changes on the
+Every measurement runs in a fresh process; the sides alternate `--repeats` times (so load changes on the
 shared machine hit them alike) and each process times `--calls` generate calls after one warm-up call; the reported
 tokens/s is new tokens (batch x new tokens) over the median call time, median over processes. Ratios are against
 GPT-2 measured in the same run.
@@ -49,7 +51,7 @@ from common import (  # noqa: E402
 
 SHAPE = dict(vocab_size=33278, d_model=256, d_embed=256, n_layer=4, n_head=8, d_head=32, d_inner=1024,
              cutoffs=[2000, 10000, 20000], div_val=1, mem_len=128, clamp_len=-1, dropout=0.0, dropatt=0.0)
-IMPLS = ("ours", "ours_trained", "gpt2", "legacy")
+IMPLS = ("ours", "ours_compiled", "ours_trained", "gpt2", "legacy")
 
 
 def build(impl: str, trained_dir: str | None = None):
@@ -59,10 +61,12 @@ def build(impl: str, trained_dir: str | None = None):
         from modeling_xl import TransformerXLForCausalLM
 
         model = TransformerXLForCausalLM.from_pretrained(trained_dir)
-    elif impl == "ours":
+    elif impl in ("ours", "ours_compiled"):
         from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 
         model = TransformerXLForCausalLM(TransformerXLConfig(**SHAPE))
+        # the one-token step from ring buffers: "eager" (the default) or compiled with torch.compile
+        model.static_decoding = "compiled" if impl == "ours_compiled" else "eager"
     elif impl == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -174,7 +178,7 @@ def main(argv=None) -> dict:
                         help="our trained checkpoint: made here (--train-steps) unless it exists")
     parser.add_argument("--output", default="benchmarks/results/generate.json")
     args = parser.parse_args(argv)
-    pythons = {"ours": OUR_PYTHON, "ours_trained": OUR_PYTHON, "gpt2": OUR_PYTHON, "legacy": args.legacy_python}
+    pythons = {"ours": OUR_PYTHON, "ours_compiled": OUR_PYTHON, "ours_trained": OUR_PYTHON, "gpt2": OUR_PYTHON, "legacy": args.legacy_python}
     impls = [i for i in args.impls if i != "legacy" or Path(args.legacy_python).exists()]
     trained_dir = Path(args.trained_dir).resolve()
     if "ours_trained" in impls and not (trained_dir / "config.json").exists():
