@@ -178,7 +178,8 @@ def main(argv=None) -> dict:
                         help="our trained checkpoint: made here (--train-steps) unless it exists")
     parser.add_argument("--output", default="benchmarks/results/generate.json")
     args = parser.parse_args(argv)
-    pythons = {"ours": OUR_PYTHON, "ours_compiled": OUR_PYTHON, "ours_trained": OUR_PYTHON, "gpt2": OUR_PYTHON, "legacy": args.legacy_python}
+    pythons = {"ours": OUR_PYTHON, "ours_compiled": OUR_PYTHON, "ours_trained": OUR_PYTHON, "gpt2": OUR_PYTHON,
+               "legacy": args.legacy_python}
     impls = [i for i in args.impls if i != "legacy" or Path(args.legacy_python).exists()]
     trained_dir = Path(args.trained_dir).resolve()
     if "ours_trained" in impls and not (trained_dir / "config.json").exists():
