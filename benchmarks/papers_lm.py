@@ -107,7 +107,8 @@ def gpt2_windows(train: np.ndarray, length: int, steps: int, streams: int = 16, 
     """[rows, length] inputs and next-token targets of every step (see the module docstring): the tokens ours' 16
     streams of `segment` tokens a step read, joined into windows of `length`."""
     if length % segment or streams * segment % length:
-        raise ValueError(f"length={length}; expected a multiple of segment={segment} that divides {streams} x {segment}")
+        raise ValueError(f"length={length}; expected a multiple of segment={segment} that divides "
+                         f"{streams} x {segment}")
     row_len = (len(train) - 1) // streams
     rows = max(streams * segment // length, 1)
     groups = streams // rows
@@ -138,11 +139,7 @@ def train_gpt2(train: np.ndarray, config, lr: float, steps: int, folder: Path, s
     for inputs, targets in gpt2_windows(train, config.n_positions, steps):
         logits = model(input_ids=inputs).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), rec["max_grad_norm"])
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(model, loss, optimizer, rec["max_grad_norm"], scheduler)
         losses.append(loss.item())
         if not math.isfinite(losses[-1]):
             break
@@ -225,10 +222,14 @@ def _ours_batches(train: np.ndarray, steps: int):
         yield batch["input_ids"], batch["next_token_labels"]
 
 
-def _optimizer_step(model, loss, optimizer) -> None:
+def optimizer_step(model, loss, optimizer, max_norm: float, scheduler=None) -> None:
+    """One training step of every side (ours, GPT-2, BERT): backward, clipping at the recipe's norm, the update, the
+    schedule's step."""
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), recipe()["max_grad_norm"])
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
     optimizer.zero_grad(set_to_none=True)
 
 
@@ -237,12 +238,13 @@ def _ours_step(folder: Path):
 
     model = TransformerXLForCausalLM.from_pretrained(folder).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    max_norm = recipe()["max_grad_norm"]
     state = {"mems": None}
 
     def step(inputs, targets):
         out = model(input_ids=inputs, mems=state["mems"], next_token_labels=targets)
         state["mems"] = out.mems
-        _optimizer_step(model, out.losses.float().sum() / targets.numel(), optimizer)
+        optimizer_step(model, out.losses.float().sum() / targets.numel(), optimizer, max_norm)
 
     return step
 
@@ -252,10 +254,12 @@ def _gpt2_step(folder: Path):
 
     model = GPT2LMHeadModel.from_pretrained(folder).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    max_norm = recipe()["max_grad_norm"]
 
     def step(inputs, targets):
         logits = model(input_ids=inputs).logits
-        _optimizer_step(model, torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()), optimizer)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        optimizer_step(model, loss, optimizer, max_norm)
 
     step.length = model.config.n_positions
     return step

@@ -140,7 +140,7 @@ def pretrain_bert(tokenizer: Path, folder: Path, steps: int, seed: int = 42) -> 
     """`BertForMaskedLM` with `DataCollatorForLanguageModeling`, ours' recipe (see the module docstring)."""
     from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, get_scheduler
 
-    from papers_lm import recipe
+    from papers_lm import optimizer_step, recipe
 
     done = folder / "train.json"
     if done.exists():
@@ -157,11 +157,7 @@ def pretrain_bert(tokenizer: Path, folder: Path, steps: int, seed: int = 42) -> 
     for blocks in bert_blocks(train, steps, tok.cls_token_id, tok.sep_token_id):
         batch = collator.torch_call([{"input_ids": row} for row in blocks])
         loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), rec["max_grad_norm"])
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(model, loss, optimizer, rec["max_grad_norm"], scheduler)
         losses.append(loss.item())
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
