@@ -19,6 +19,11 @@ twice: with random weights (every cluster is about as likely as the best word: n
 `--train-steps` (300) Adam steps on WikiText-2 train (batches 8 x 128, memory carried, lr 1e-3, about 5 minutes;
 the checkpoint is kept in `--trained-dir` and reused by later runs).
 
+`floor` is not a model: the work any exact decoder of this vocabulary pays per step when the mode needs every
+log-probability (`distribution_floor`: GPT-2's output product and transformers' processors and token choice, timed
+alone). Its "vs GPT-2" is the most any such decoder could reach against GPT-2 in the same run, however fast the rest
+of its step.
+
 Every measurement runs in a fresh process; the sides alternate `--repeats` times (so load changes on the
 shared machine hit them alike) and each process times `--calls` generate calls after one warm-up call; the reported
 tokens/s is new tokens (batch x new tokens) over the median call time, median over processes. Ratios are against
@@ -51,7 +56,7 @@ from common import (  # noqa: E402
 
 SHAPE = dict(vocab_size=33278, d_model=256, d_embed=256, n_layer=4, n_head=8, d_head=32, d_inner=1024,
              cutoffs=[2000, 10000, 20000], div_val=1, mem_len=128, clamp_len=-1, dropout=0.0, dropatt=0.0)
-IMPLS = ("ours", "ours_compiled", "ours_trained", "gpt2", "legacy")
+IMPLS = ("ours", "ours_compiled", "ours_trained", "gpt2", "legacy", "floor")
 
 
 def build(impl: str, trained_dir: str | None = None):
@@ -150,8 +155,49 @@ def train(trained_dir: Path, steps: int) -> None:
     model.save_pretrained(trained_dir)
 
 
+def mode_processors(mode: str):
+    """`mode`'s generation config and the logits processors `generate` builds from it (GPT-2's, as a model of this
+    vocabulary would)."""
+    from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, LogitsProcessorList
+
+    config = GenerationConfig(**MODES[mode], max_new_tokens=1, pad_token_id=0)
+    holder = GPT2LMHeadModel(GPT2Config(vocab_size=SHAPE["vocab_size"], n_embd=8, n_layer=1, n_head=1,
+                                        bos_token_id=None, eos_token_id=None))  # only builds the processors
+    return config, holder._get_logits_processor(config, 16, None, None, LogitsProcessorList())
+
+
+def distribution_floor(batch: int, mode: str, steps: int = 50) -> float:
+    """Milliseconds per decoding step that any exact decoder of `SHAPE`'s vocabulary pays in `mode` when the mode
+    needs every log-probability (sampling, processors, beams; not greedy, where ours skips the tails that cannot
+    win): the [batch, d_model] x [d_model, V] output product (GPT-2's `lm_head`, no bias) and the mode's logits
+    processors and token choice on [batch, V] (transformers' own, as `generate` builds them), median of `steps`."""
+    vocab, width = SHAPE["vocab_size"], SHAPE["d_model"]
+    torch.manual_seed(0)
+    hidden, table = torch.randn(batch, width), torch.randn(vocab, width) * width**-0.5
+    config, processors = mode_processors(mode)
+    beams = config.num_beams or 1
+    history = torch.randint(0, vocab, (batch * beams, 16))
+    times = []
+    with torch.no_grad():
+        for _ in range(steps + 5):
+            begin = time.perf_counter()
+            logits = torch.nn.functional.linear(hidden.repeat_interleave(beams, 0), table)
+            scores = processors(history, torch.log_softmax(logits, -1) if beams > 1 else logits)
+            if beams > 1:
+                torch.topk(scores.view(batch, -1), 2 * beams, dim=1)
+            elif config.do_sample:
+                torch.multinomial(torch.softmax(scores, -1), 1)
+            else:
+                scores.argmax(-1)
+            times.append(time.perf_counter() - begin)
+    return statistics.median(times[5:]) * 1e3
+
+
 def worker(args: dict) -> dict:
     set_threads(args["threads"])
+    if args["impl"] == "floor":  # not a model: `distribution_floor`, reported as if it decoded every step
+        ms = distribution_floor(args["batch"], args.get("mode", "greedy"))
+        return {"times": [ms * args["new_tokens"] / 1e3] * args["calls"], "first_row_tokens": []}
     model = build(args["impl"], args.get("trained_dir"))
     prompts = prompts_for(args["batch"], args["prompt_len"])
     times, tokens = time_generate(model, args["impl"], prompts, args["new_tokens"], args["calls"],
@@ -179,7 +225,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--output", default="benchmarks/results/generate.json")
     args = parser.parse_args(argv)
     pythons = {"ours": OUR_PYTHON, "ours_compiled": OUR_PYTHON, "ours_trained": OUR_PYTHON, "gpt2": OUR_PYTHON,
-               "legacy": args.legacy_python}
+               "legacy": args.legacy_python, "floor": OUR_PYTHON}
     impls = [i for i in args.impls if i != "legacy" or Path(args.legacy_python).exists()]
     trained_dir = Path(args.trained_dir).resolve()
     if "ours_trained" in impls and not (trained_dir / "config.json").exists():

@@ -1,0 +1,28 @@
+"""benchmarks/bench_generate.py's `floor` side: the work any exact decoder pays per step in a mode that needs every
+log-probability is timed with the processors `generate` itself builds for that mode."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import bench_generate  # noqa: E402
+
+
+@pytest.mark.parametrize("mode, expected", [("top-k", {"TopKLogitsWarper"}),
+                                            ("top-p", {"TemperatureLogitsWarper", "TopPLogitsWarper"}),
+                                            ("repetition-penalty", {"RepetitionPenaltyLogitsProcessor"}),
+                                            ("greedy", set()), ("beam-4", set())])
+def test_floor_times_the_processors_generate_builds_for_the_mode(mode, expected):
+    config, processors = bench_generate.mode_processors(mode)
+    assert {type(p).__name__ for p in processors} == expected
+    assert config.do_sample == (mode in ("top-k", "top-p"))
+    assert (config.num_beams or 1) == (4 if mode == "beam-4" else 1)
+
+
+def test_floor_worker_reports_one_time_per_call():
+    result = bench_generate.worker({"impl": "floor", "threads": 1, "batch": 2, "mode": "top-k", "new_tokens": 10,
+                                    "calls": 3})
+    assert len(result["times"]) == 3 and all(t > 0 for t in result["times"])
