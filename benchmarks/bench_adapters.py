@@ -21,7 +21,6 @@ import sys
 import time
 
 import torch
-
 from common import REPO, machine_description, print_table, set_threads, write_json
 
 

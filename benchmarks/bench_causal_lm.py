@@ -38,8 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    add_allocator_option,
     OUR_PYTHON,
+    add_allocator_option,
     print_table,
     run_worker,
     set_threads,

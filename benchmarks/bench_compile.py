@@ -161,7 +161,8 @@ def main(argv=None) -> dict:
         print(f"{r['objective']}: largest relative loss difference compiled vs eager {r['max_rel_loss_diff']:.2e} "
               f"over {len(r['losses']['eager'])} steps ({r['max_rel_loss_diff_first_steps']:.2e} over the first "
               f"{args.warmup_steps})")
-    result = {"backend": args.backend, "warm_cache": args.warm_cache, "batch": BATCH, "tgt_len": TGT_LEN, "results": results, "table": table}
+    result = {"backend": args.backend, "warm_cache": args.warm_cache, "batch": BATCH, "tgt_len": TGT_LEN,
+              "results": results, "table": table}
     write_json(args.output, result)
     return result
 

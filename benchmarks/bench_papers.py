@@ -114,7 +114,6 @@ def tune_gpt2(train, valid, config: dict, folder: Path, steps: int, scores: Scor
 def compare_on_corpus(corpus: str, folder: Path, steps: int | None, valid_tokens: int | None = None) -> dict:
     """Ours, the GPT-2 grid and the long-window GPT-2 on one corpus, with every score of the sweep."""
     import numpy as np
-
     import papers_lm as lm
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -127,14 +126,15 @@ def compare_on_corpus(corpus: str, folder: Path, steps: int | None, valid_tokens
     scores = Scores(folder / "scores.json")
     grid, best = tune_gpt2(train, valid, config, folder, steps, scores)
     models = {"ours": {"kind": "ours", "train": ours}, **grid}
+    for context in lm.CONTEXTS:  # the sweep of what exists first: a run stopped during the long training keeps it
+        scores.get("ours", context, lambda: lm.score_ours(folder / "ours", valid, context))
+        scores.get(best, context, lambda: lm.score_gpt2(folder / best, valid, context))
     long = f"gpt2_n{lm.GPT2_LENGTHS[1]}_lr{models[best]['train']['lr']:g}"
     gpt2 = lm.gpt2_config(config, lm.GPT2_LENGTHS[1], config["vocab_size"])
     models[long] = {"kind": "gpt2", "train": lm.train_gpt2(train, gpt2, models[best]["train"]["lr"], steps,
                                                            folder / long)}
     for context in lm.CONTEXTS:
-        scores.get("ours", context, lambda: lm.score_ours(folder / "ours", valid, context))
-        for name in (best, long):
-            scores.get(name, context, lambda: lm.score_gpt2(folder / name, valid, context))
+        scores.get(long, context, lambda: lm.score_gpt2(folder / long, valid, context))
     for name, model in models.items():
         model["params"] = n_params(folder / name, model["kind"])
         model["scores"] = {c: scores.get(name, c, None) for c in lm.CONTEXTS if f"{name}@{c}" in scores.values}
@@ -192,7 +192,8 @@ def xl_tables(report: dict, lm) -> list[str]:
             speed = found["speed"][name]
             main.append([corpus, name, f"{models[name]['params']:,}", f"{cell['perplexity']:.2f}" if cell else "-",
                          f"{cell['perplexity'] / anchor:.3f}" if cell else "-", f"{speed['tokens_per_s']:,.0f}",
-                         f"{speed['peak_mib']:.0f} ({speed['rss_growth_mib']:.0f})", f"{models[name]['train']['seconds'] / 60:.1f}"])
+                         f"{speed['peak_mib']:.0f} ({speed['rss_growth_mib']:.0f})",
+                         f"{models[name]['train']['seconds'] / 60:.1f}"])
         for name in models:
             if name != "ours" and name != long:
                 grid.append([corpus, models[name]["train"]["lr"], f"{models[name]['train']['final_train_loss']:.3f}",
@@ -249,9 +250,9 @@ def pretraining_units(root: Path, steps: int) -> list:
 
     tokenizer = root / "tokenizer"
     made = tokenizer / "tokenizer.json"
-    return [(made, lambda: plm.train_tokenizer(tokenizer)),
-            (plm.pretrained_marker(root, "plm"), lambda: plm.pretrain_ours("plm", tokenizer, root / "plm", steps), made),
-            (plm.pretrained_marker(root, "clm"), lambda: plm.pretrain_ours("clm", tokenizer, root / "clm", steps), made),
+    ours = [(plm.pretrained_marker(root, m), lambda m=m: plm.pretrain_ours(m, tokenizer, root / m, steps), made)
+            for m in ("plm", "clm")]
+    return [(made, lambda: plm.train_tokenizer(tokenizer)), *ours,
             (plm.pretrained_marker(root, "bert"), lambda: plm.pretrain_bert(tokenizer, root / "bert", steps), made)]
 
 
@@ -312,8 +313,8 @@ def plm_vs_bert(args) -> dict:
     results = {(t, m, s): json.loads((root / "runs" / f"{t}_{m}_s{s}.json").read_text())
                for s in seeds for t in budget for m in plm.MODELS}
     table = plm_table(results, tasks, seeds, plm.MODELS)
-    payload = {"table": "plm-vs-bert", "pretraining": pretrained(root, steps), "budget": budget, "seeds": seeds, "tasks": tasks,
-               "runs": {f"{t}/{m}/{s}": r for (t, m, s), r in results.items()}, "markdown": table,
+    payload = {"table": "plm-vs-bert", "pretraining": pretrained(root, steps), "budget": budget, "seeds": seeds,
+               "tasks": tasks, "runs": {f"{t}/{m}/{s}": r for (t, m, s), r in results.items()}, "markdown": table,
                "seconds_this_run": time.perf_counter() - start}
     write_json(args.results / "plm-vs-bert.json", payload)
     return payload
@@ -356,7 +357,8 @@ def main(argv=None) -> dict:
     args.valid_tokens = None
     if args.dry_run:
         global SPEED_STEPS, SPEED_ROUNDS
-        args.results, args.steps, args.valid_tokens, SPEED_STEPS, SPEED_ROUNDS = args.results / "dry-run", 20, 4000, 2, 1
+        args.results, args.steps, args.valid_tokens = args.results / "dry-run", 20, 4000
+        SPEED_STEPS, SPEED_ROUNDS = 2, 1
     if args.fresh:
         shutil.rmtree(args.results / args.table, ignore_errors=True)
     return xl_vs_gpt2(args) if args.table == "xl-vs-gpt2" else plm_vs_bert(args)

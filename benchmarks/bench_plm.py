@@ -46,7 +46,8 @@ BATCH, SEQ_LEN, REUSE_LEN, NUM_PREDICT, PERM_SIZE = 4, 128, 64, 21, 64
 
 
 def plm_batches(n_steps: int, vocab_size: int, batch: int = BATCH, seq_len: int = SEQ_LEN, reuse_len: int = REUSE_LEN,
-                num_predict: int = NUM_PREDICT, perm_size: int = PERM_SIZE, ids: torch.Tensor | None = None) -> list[dict]:
+                num_predict: int = NUM_PREDICT, perm_size: int = PERM_SIZE,
+                ids: torch.Tensor | None = None) -> list[dict]:
     """Consecutive batches whose reuse halves continue each other row by row, collated by the project's sampler
     (by default at this benchmark's shape; bench_compile.py passes the `tiny` recipe's). `ids`: the word ids to lay
     out (below vocab_size - 2, at least batch * (n_steps + 1) * seq_len of them); WikiText-2's by default."""
@@ -67,7 +68,8 @@ def plm_batches(n_steps: int, vocab_size: int, batch: int = BATCH, seq_len: int 
         for row in range(batch):
             reuse = ids[row, step * reuse_len : (step + 1) * reuse_len]
             rest = ids[row, per_row // 2 + step * (a_len + b_len) :][: a_len + b_len]
-            sample = torch.cat([reuse, rest[:a_len], torch.tensor([sep_id]), rest[a_len:], torch.tensor([sep_id, cls_id])])
+            sample = torch.cat([reuse, rest[:a_len], torch.tensor([sep_id]), rest[a_len:],
+                                torch.tensor([sep_id, cls_id])])
             types = torch.tensor([0] * (reuse_len + a_len + 1) + [1] * (b_len + 1) + [2])
             examples.append({"input_ids": sample.numpy(), "token_type_ids": types.numpy(),
                              "example_id": step * batch + row})

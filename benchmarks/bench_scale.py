@@ -309,7 +309,8 @@ def build_row(r: dict) -> list[str]:
             f"{build['build_seconds']:.1f} ({build['load_seconds']:.1f} / {build['tokenizer_seconds']:.1f} / "
             f"{build['tokenize_seconds']:.1f})", f"{build['build_tokens_per_second'] / 1e6:.2f}M",
             f"{build['cpu_seconds']:.0f}", "-".join(f"{x:.1f}" for x in build["load_average"]),
-            "-" if generic is None else f"{generic['build_seconds']:.1f} ({generic['build_tokens_per_second'] / 1e6:.2f}M"
+            "-" if generic is None
+            else f"{generic['build_seconds']:.1f} ({generic['build_tokens_per_second'] / 1e6:.2f}M"
             f"{'' if generic['train_bin_equal'] else ', ids DIFFER'})"]
 
 

@@ -50,7 +50,8 @@ DEV_TITLES = 4
 COMMON = ["--learning_rate", "1e-3", "--warmup_steps", "0.1", "--per_device_train_batch_size", "16",
           "--per_device_eval_batch_size", "32", "--report_to", "none", "--save_strategy", "no", "--seed", "42"]
 TASKS = {
-    "qa": ("question-answering/run_qa.py", ["--num_train_epochs", "1", "--max_seq_length", "192", "--doc_stride", "64"]),
+    "qa": ("question-answering/run_qa.py",
+           ["--num_train_epochs", "1", "--max_seq_length", "192", "--doc_stride", "64"]),
     "pos": ("token-classification/run_ner.py", ["--num_train_epochs", "2", "--max_seq_length", "128",
                                                 "--text_column_name", "tokens", "--label_column_name", "upos_tags"]),
     "mc": ("multiple-choice/run_swag.py", ["--num_train_epochs", "3", "--max_seq_length", "64"]),
@@ -86,7 +87,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 def task_data(data: Path, work: Path) -> dict:
     squad = read_jsonl(data / "squad" / "train.jsonl")
     dev_titles = set(sorted({r["title"] for r in squad})[-DEV_TITLES:])
-    qa = {"train": [r for r in squad if r["title"] not in dev_titles], "dev": [r for r in squad if r["title"] in dev_titles]}
+    qa = {"train": [r for r in squad if r["title"] not in dev_titles],
+          "dev": [r for r in squad if r["title"] in dev_titles]}
     for split, rows in qa.items():
         (work / f"qa_{split}.json").write_text(json.dumps({"data": rows}, ensure_ascii=False), encoding="utf-8")
     pos = {"train": read_jsonl(data / "ud_ewt" / "train.jsonl"), "dev": read_jsonl(data / "ud_ewt" / "dev.jsonl")}
@@ -109,7 +111,8 @@ def script_args(task: str, work: Path) -> list[str]:
         return ["--train_file", str(work / "qa_train.json"), "--validation_file", str(work / "qa_dev.json")]
     if task == "pos":
         return ["--train_file", str(work / "pos_train.json"), "--validation_file", str(work / "pos_dev.json")]
-    return ["--train_file", str(work / "swag" / "train.json"), "--validation_file", str(work / "swag" / "validation.json")]
+    swag = work / "swag"
+    return ["--train_file", str(swag / "train.json"), "--validation_file", str(swag / "validation.json")]
 
 
 def our_script_args(task: str, work: Path) -> list[str]:

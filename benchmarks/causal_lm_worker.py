@@ -22,9 +22,17 @@ import resource
 import time
 
 import torch
-
-from common import (PeakMemory, counted_matmul_flops, emit, matmul_flops, recorded_matmuls, replayed_matmul_seconds,
-                    set_threads, use_allocator, worker_args)
+from common import (
+    PeakMemory,
+    counted_matmul_flops,
+    emit,
+    matmul_flops,
+    recorded_matmuls,
+    replayed_matmul_seconds,
+    set_threads,
+    use_allocator,
+    worker_args,
+)
 
 
 def load_model(args):

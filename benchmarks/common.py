@@ -49,18 +49,19 @@ def add_allocator_option(parser) -> None:
     """`--allocator` of a benchmark script (default "keep"), to hand to `use_allocator`."""
     parser.add_argument("--allocator", default="keep", choices=ALLOCATORS,
                         help="host memory allocator of every measured process, the same for both sides: 'keep' "
-                             "(glibc keeps freed memory, modeling_xl/runtime/host_memory.py, as pretraining and fine-tuning "
-                             "on the CPU set it) or 'default' (glibc's own thresholds)")
+                             "(glibc keeps freed memory, modeling_xl/runtime/host_memory.py, as pretraining and "
+                             "fine-tuning on the CPU set it) or 'default' (glibc's own thresholds)")
 
 
 def use_allocator(name: str) -> None:
     """Apply `name` (one of ALLOCATORS) to this process before anything is built. "keep" runs the project's own
-    `modeling_xl/runtime/host_memory.py`, loaded by its path, so that the legacy interpreter (which does not have the project
-    installed) applies the very same setting."""
+    `modeling_xl/runtime/host_memory.py`, loaded by its path, so that the legacy interpreter (which does not have the
+    project installed) applies the very same setting."""
     if name not in ALLOCATORS:
         raise ValueError(f"allocator={name!r}; expected one of {ALLOCATORS}")
     if name == "keep":
-        spec = importlib.util.spec_from_file_location("host_memory", REPO / "modeling_xl" / "runtime" / "host_memory.py")
+        path = REPO / "modeling_xl" / "runtime" / "host_memory.py"
+        spec = importlib.util.spec_from_file_location("host_memory", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         why_not = module.keep_freed_memory()
@@ -309,7 +310,8 @@ def machine_description() -> dict:
     model = "unknown"
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        model = next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")), model)
+        model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
+                     model)
     except OSError:
         pass
     return {"cpu": model, "cpu_count": os.cpu_count(), "threads": DEFAULT_THREADS, "torch": torch.__version__,

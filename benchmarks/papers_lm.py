@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from common import PeakMemory, run_script
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,8 +70,8 @@ def token_streams(corpus: str, folder: Path) -> tuple[np.ndarray, np.ndarray]:
     `scripts/pretrain.py` reads and tokenizes the corpus)."""
     from transformers import AutoTokenizer
 
-    from modeling_xl.data.tokenize import tokenize_corpus
     from modeling_xl.data.corpora import load_splits
+    from modeling_xl.data.tokenize import tokenize_corpus
     from modeling_xl.training import parse_args
     from modeling_xl.training.data_sources import corpus_source
 

@@ -40,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from common import run_script
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,9 +137,8 @@ def bert_config(tokenizer):
 
 def pretrain_bert(tokenizer: Path, folder: Path, steps: int, seed: int = 42) -> dict:
     """`BertForMaskedLM` with `DataCollatorForLanguageModeling`, ours' recipe (see the module docstring)."""
-    from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, get_scheduler
-
     from papers_lm import optimizer_step, recipe
+    from transformers import BertForMaskedLM, DataCollatorForLanguageModeling, get_scheduler
 
     done = folder / "train.json"
     if done.exists():
@@ -295,8 +293,14 @@ def classify_worker(args: dict) -> dict:
     """Sequence classification with transformers' Trainer over `AutoModelForSequenceClassification` (any of the
     three folders), the example scripts' way: seed set before the model is built, dynamic padding, dev accuracy."""
     from datasets import Dataset
-    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                              TrainingArguments, set_seed)
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+        set_seed,
+    )
 
     torch.set_num_threads(1)
     train, dev = ([json.loads(line) for line in open(args[s], encoding="utf-8")] for s in ("train", "dev"))

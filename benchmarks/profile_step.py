@@ -40,8 +40,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_causal_lm import BENCH_PRESETS, legacy_config  # noqa: E402
 from causal_lm_worker import one_step  # noqa: E402
-from common import (MATMUL_OPS, add_allocator_option, print_table, recorded_matmuls,  # noqa: E402
-                    replayed_matmul_seconds, set_threads, stream_segments, use_allocator, word_level_ids, write_json)
+from common import (  # noqa: E402
+    MATMUL_OPS,
+    add_allocator_option,
+    print_table,
+    recorded_matmuls,
+    replayed_matmul_seconds,
+    set_threads,
+    stream_segments,
+    use_allocator,
+    word_level_ids,
+    write_json,
+)
 
 # operator groups (aten overload packet names); everything not named is "the rest" (elementwise, LayerNorm, GELU,
 # reductions, indexing)
