@@ -252,8 +252,10 @@ def pretraining_units(root: Path, steps: int) -> list:
     made = tokenizer / "tokenizer.json"
     ours = [(plm.pretrained_marker(root, m), lambda m=m: plm.pretrain_ours(m, tokenizer, root / m, steps), made)
             for m in ("plm", "clm")]
-    return [(made, lambda: plm.train_tokenizer(tokenizer)), *ours,
-            (plm.pretrained_marker(root, "bert"), lambda: plm.pretrain_bert(tokenizer, root / "bert", steps), made)]
+    berts = [(plm.pretrained_marker(root, m), lambda m=m, lr=lr: plm.pretrain_bert(tokenizer, root / m, steps,
+                                                                                  learning_rate=lr), made)
+             for m, lr in plm.BERT_RATES.items()]
+    return [(made, lambda: plm.train_tokenizer(tokenizer)), *ours, *berts]
 
 
 def finetuning_units(root: Path, budget: dict, seeds, dev_rows) -> list:
@@ -291,7 +293,8 @@ def pretrained(root: Path, steps: int) -> dict:
     from safetensors.torch import load_file
 
     done = {m: plm.pretrain_ours(m, root / "tokenizer", root / m, steps) for m in ("plm", "clm")}
-    done["bert"] = plm.pretrain_bert(root / "tokenizer", root / "bert", steps)
+    for model, lr in plm.BERT_RATES.items():
+        done[model] = plm.pretrain_bert(root / "tokenizer", root / model, steps, learning_rate=lr)
     for model in plm.MODELS:
         done[model]["params"] = sum(t.numel() for t in load_file(root / model / "model.safetensors").values())
     return done
