@@ -272,8 +272,10 @@ def example_scripts(folder: Path) -> Path:
     return folder
 
 
-def finetune(task: str, model: Path, files: list[str], seed: int, out: Path, budget: dict, scripts: Path) -> dict:
-    """One fine-tuning run; its dev metrics (the example scripts' keys) and wall seconds."""
+def finetune(task: str, model: Path, files: list[str], seed: int, out: Path, budget: dict, scripts: Path,
+             learning_rate: float | None = None) -> dict:
+    """One fine-tuning run; its dev metrics (the example scripts' keys) and wall seconds. `learning_rate` replaces
+    COMMON's."""
     from common import run_worker
 
     runner, _, epochs, max_length = budget[task]
@@ -281,11 +283,13 @@ def finetune(task: str, model: Path, files: list[str], seed: int, out: Path, bud
     if runner == "classify":
         result = run_worker(sys.executable, Path(__file__).with_name("bench_papers.py"), {
             "worker": "classify", "model": str(model), "train": files[1], "dev": files[3], "seed": seed,
-            "epochs": epochs, "max_length": max_length, "output_dir": str(out)}, timeout=6 * 3600)
+            "epochs": epochs, "max_length": max_length, "output_dir": str(out), "learning_rate": learning_rate},
+            timeout=6 * 3600)
     else:
         extra = {"squad": ["--doc_stride", "64"], "arc": [],
                  "upos": ["--text_column_name", "tokens", "--label_column_name", "upos_tags"]}[task]
-        common = [f"--{k}={v}" for k, v in COMMON.items()]
+        rates = {"learning_rate": learning_rate or COMMON["learning_rate"]}
+        common = [f"--{k}={v}" for k, v in {**COMMON, **rates}.items()]
         proc = subprocess.run([sys.executable, str(scripts / runner), "--model_name_or_path", str(model),
                                "--trust_remote_code", "--do_train", "--do_eval", "--output_dir", str(out), *common,
                                "--num_train_epochs", str(epochs), "--max_seq_length", str(max_length), "--seed",
@@ -324,7 +328,8 @@ def classify_worker(args: dict) -> dict:
         args["model"], num_labels=len(names), id2label=dict(enumerate(names)),
         label2id={n: i for i, n in enumerate(names)}, trust_remote_code=True)
     training = TrainingArguments(output_dir=args["output_dir"], num_train_epochs=args["epochs"], seed=args["seed"],
-                                 report_to="none", save_strategy="no", **COMMON)
+                                 report_to="none", save_strategy="no",
+                                 **{**COMMON, "learning_rate": args.get("learning_rate") or COMMON["learning_rate"]})
     trainer = Trainer(model=model, args=training, train_dataset=encode(train), processing_class=tokenizer,
                       data_collator=DataCollatorWithPadding(tokenizer))
     trainer.train()
