@@ -270,11 +270,13 @@ def finetuning_units(root: Path, budget: dict, seeds, dev_rows) -> list:
              (question_first, lambda: plm.question_first_copy(root), plm.pretrained_marker(root, "clm"))]
 
     def run(task, model, seed):
-        out = root / "runs" / f"{task}_{model}_s{seed}"
+        out = root / "runs" / f"{task}_{model}_s{seed}"  # a model's name may hold a dot: no `with_suffix` here
         files = json.loads(tasks.read_text())[task]["files"]
         result = plm.finetune(task, plm.model_folder(root, model, task), files, seed, out, budget,
                               root / "hf_scripts")
-        out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+        done = run_result(root, task, model, seed)
+        done.parent.mkdir(parents=True, exist_ok=True)
+        done.write_text(json.dumps(result, indent=1))
         shutil.rmtree(out, ignore_errors=True)  # the fine-tuned weights: only the scores are kept
 
     for seed in seeds:
@@ -282,9 +284,14 @@ def finetuning_units(root: Path, budget: dict, seeds, dev_rows) -> list:
             for model in plm.MODELS:
                 needs = [plm.pretrained_marker(root, model), tasks, scripts]
                 needs += [question_first] if plm.model_folder(root, model, task).name == "clm_question_first" else []
-                units.append((root / "runs" / f"{task}_{model}_s{seed}.json",
-                              lambda t=task, m=model, s=seed: run(t, m, s), *needs))
+                units.append((run_result(root, task, model, seed), lambda t=task, m=model, s=seed: run(t, m, s),
+                              *needs))
     return units
+
+
+def run_result(root: Path, task: str, model: str, seed: int) -> Path:
+    """The file that holds one fine-tuning run's scores (and says that the run is done)."""
+    return root / "runs" / f"{task}_{model}_s{seed}.json"
 
 
 def pretrained(root: Path, steps: int) -> dict:
@@ -313,7 +320,7 @@ def plm_vs_bert(args) -> dict:
     steps = args.steps or plm.PRETRAIN_STEPS
     run_units(pretraining_units(root, steps) + finetuning_units(root, budget, seeds, dev_rows))
     tasks = json.loads((root / "data" / "tasks.json").read_text())
-    results = {(t, m, s): json.loads((root / "runs" / f"{t}_{m}_s{s}.json").read_text())
+    results = {(t, m, s): json.loads(run_result(root, t, m, s).read_text())
                for s in seeds for t in budget for m in plm.MODELS}
     table = plm_table(results, tasks, seeds, plm.MODELS)
     payload = {"table": "plm-vs-bert", "pretraining": pretrained(root, steps), "budget": budget, "seeds": seeds,

@@ -69,3 +69,19 @@ def test_bert_blocks_frame_consecutive_pieces_of_each_stream():
     assert blocks[0][3, 1:-1].tolist() == list(range(3 * row_len, 3 * row_len + 62))
     assert blocks[1][3, 1] == 3 * row_len + 62  # the next piece of the same row
     assert torch.equal(blocks[10], blocks[0])  # 620 // 62 = 10 pieces a row, then the rows start over
+
+
+def test_a_fine_tuning_run_writes_the_file_its_unit_waits_for_whatever_the_model_name(tmp_path, monkeypatch):
+    """`plm-vs-bert` skips a unit whose result file exists and runs it again otherwise: the file a run writes must be
+    the unit's, also for a model name with a dot in it (`bert_lr0.001`), which `Path.with_suffix` would cut."""
+    import bench_papers
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tasks.json").write_text('{"sst2": {"files": []}}')
+    monkeypatch.setattr(papers_plm, "MODELS", ("bert_lr0.001",))
+    monkeypatch.setattr(papers_plm, "finetune", lambda *args, **kwargs: {"eval_accuracy": 0.5})
+    units = bench_papers.finetuning_units(tmp_path, {"sst2": ("classify", 8, 1, 16)}, (42,), None)
+    path, work, *_ = units[-1]
+    work()
+    assert path == bench_papers.run_result(tmp_path, "sst2", "bert_lr0.001", 42) and path.exists()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [path.name]
