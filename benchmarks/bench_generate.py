@@ -177,11 +177,12 @@ def distribution_floor(batch: int, mode: str, steps: int = 50) -> float:
     config, processors = mode_processors(mode)
     beams = config.num_beams or 1
     history = torch.randint(0, vocab, (batch * beams, 16))
+    hidden = hidden.repeat_interleave(beams, 0)  # one row per beam, as a beam decoder holds them
     times = []
     with torch.no_grad():
         for _ in range(steps + 5):
             begin = time.perf_counter()
-            logits = torch.nn.functional.linear(hidden.repeat_interleave(beams, 0), table)
+            logits = torch.nn.functional.linear(hidden, table)
             scores = processors(history, torch.log_softmax(logits, -1) if beams > 1 else logits)
             if beams > 1:
                 torch.topk(scores.view(batch, -1), 2 * beams, dim=1)

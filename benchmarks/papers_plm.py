@@ -279,17 +279,17 @@ def finetune(task: str, model: Path, files: list[str], seed: int, out: Path, bud
     from common import run_worker
 
     runner, _, epochs, max_length = budget[task]
+    settings = {**COMMON, "learning_rate": learning_rate or COMMON["learning_rate"]}
     start = time.perf_counter()
     if runner == "classify":
         result = run_worker(sys.executable, Path(__file__).with_name("bench_papers.py"), {
             "worker": "classify", "model": str(model), "train": files[1], "dev": files[3], "seed": seed,
-            "epochs": epochs, "max_length": max_length, "output_dir": str(out), "learning_rate": learning_rate},
+            "epochs": epochs, "max_length": max_length, "output_dir": str(out), "settings": settings},
             timeout=6 * 3600)
     else:
         extra = {"squad": ["--doc_stride", "64"], "arc": [],
                  "upos": ["--text_column_name", "tokens", "--label_column_name", "upos_tags"]}[task]
-        rates = {"learning_rate": learning_rate or COMMON["learning_rate"]}
-        common = [f"--{k}={v}" for k, v in {**COMMON, **rates}.items()]
+        common = [f"--{k}={v}" for k, v in settings.items()]
         proc = subprocess.run([sys.executable, str(scripts / runner), "--model_name_or_path", str(model),
                                "--trust_remote_code", "--do_train", "--do_eval", "--output_dir", str(out), *common,
                                "--num_train_epochs", str(epochs), "--max_seq_length", str(max_length), "--seed",
@@ -328,8 +328,7 @@ def classify_worker(args: dict) -> dict:
         args["model"], num_labels=len(names), id2label=dict(enumerate(names)),
         label2id={n: i for i, n in enumerate(names)}, trust_remote_code=True)
     training = TrainingArguments(output_dir=args["output_dir"], num_train_epochs=args["epochs"], seed=args["seed"],
-                                 report_to="none", save_strategy="no",
-                                 **{**COMMON, "learning_rate": args.get("learning_rate") or COMMON["learning_rate"]})
+                                 report_to="none", save_strategy="no", **args["settings"])
     trainer = Trainer(model=model, args=training, train_dataset=encode(train), processing_class=tokenizer,
                       data_collator=DataCollatorWithPadding(tokenizer))
     trainer.train()
