@@ -16,8 +16,10 @@ phase: fresh processes, one thread, the models back to back, 3 rounds (the media
 Protocol in `papers_plm.py`: one Unigram tokenizer trained on WikiText-2's training split; our permutation LM, our
 causal LM and transformers' `BertForMaskedLM` (with `DataCollatorForLanguageModeling`) of the same depth, width,
 heads and feed-forward size, each pretrained there for `papers_plm.PRETRAIN_STEPS` steps of 16 x 64 positions with
-the `tiny` recipe's schedule; then each fine-tuned with the same runner and budget (`papers_plm.BUDGET`) on SST-2,
-ud-genre, SQuAD, UD EWT UPOS and ARC-Easy, seeds 42 / 1 / 2, beside each task's baseline on the same rows.
+the `tiny` recipe's schedule (BERT also at each rate of `papers_plm.BERT_GRID`, the one with the lowest validation
+masked-LM loss fine-tuned beside the one at the recipe's rate); then each fine-tuned with the same runner and budget
+(`papers_plm.BUDGET`) on SST-2, ud-genre, SQuAD, UD EWT UPOS and ARC-Easy, seeds 42 / 1 / 2, beside each task's
+baseline on the same rows.
 
 Every trained model, score and timing is written under `--results` (default benchmarks/results/papers) as soon as
 it exists and is reused by the next run, so a killed run continues where it stopped (`--fresh`: delete it first).
@@ -245,22 +247,29 @@ def run_units(units: list) -> None:
 
 
 def pretraining_units(root: Path, steps: int) -> list:
-    """The tokenizer, then the permutation LM, the causal LM and BERT, each behind the file that says it is done."""
+    """The tokenizer, then the permutation LM, the causal LM and every BERT (each then scored on the validation
+    split), each behind the file that says it is done."""
     import papers_plm as plm
 
     tokenizer = root / "tokenizer"
     made = tokenizer / "tokenizer.json"
     ours = [(plm.pretrained_marker(root, m), lambda m=m: plm.pretrain_ours(m, tokenizer, root / m, steps), made)
-            for m in ("plm", "clm")]
-    berts = [(plm.pretrained_marker(root, m), lambda m=m, lr=lr: plm.pretrain_bert(tokenizer, root / m, steps,
-                                                                                  learning_rate=lr), made)
-             for m, lr in plm.BERT_RATES.items()]
-    return [(made, lambda: plm.train_tokenizer(tokenizer)), *ours, *berts]
+            for m in plm.OURS]
+    berts = []
+    for m, lr in plm.BERT_RATES.items():
+        berts += [(plm.pretrained_marker(root, m), lambda m=m, lr=lr: plm.pretrain_bert(tokenizer, root / m, steps,
+                                                                                       learning_rate=lr), made),
+                  (root / m / "valid.json", lambda m=m: plm.bert_validation_loss(tokenizer, root / m),
+                   plm.pretrained_marker(root, m))]
+    scratch = (plm.pretrained_marker(root, "plm_scratch"), lambda: plm.scratch_copy(root),
+               plm.pretrained_marker(root, "plm"))
+    return [(made, lambda: plm.train_tokenizer(tokenizer)), *ours, scratch, *berts]
 
 
-def finetuning_units(root: Path, budget: dict, seeds, dev_rows) -> list:
-    """The task files, the example scripts, the causal LM's question-first copy, then every (seed, task, model) run,
-    each runnable as soon as what it reads exists (so fine-tuning starts while a slower model still pretrains)."""
+def finetuning_units(root: Path, budget: dict, seeds, dev_rows, models) -> list:
+    """The task files, the example scripts, the causal LM's question-first copy, then every (seed, task, model) run of
+    `models`, each runnable as soon as what it reads exists (so fine-tuning starts while a slower model still
+    pretrains)."""
     import papers_plm as plm
 
     tasks, scripts = root / "data" / "tasks.json", root / "hf_scripts" / "question-answering" / "run_qa.py"
@@ -281,7 +290,7 @@ def finetuning_units(root: Path, budget: dict, seeds, dev_rows) -> list:
 
     for seed in seeds:
         for task in budget:
-            for model in plm.MODELS:
+            for model in models:
                 needs = [plm.pretrained_marker(root, model), tasks, scripts]
                 needs += [question_first] if plm.model_folder(root, model, task).name == "clm_question_first" else []
                 units.append((run_result(root, task, model, seed), lambda t=task, m=model, s=seed: run(t, m, s),
@@ -295,14 +304,17 @@ def run_result(root: Path, task: str, model: str, seed: int) -> Path:
 
 
 def pretrained(root: Path, steps: int) -> dict:
-    """What each pretraining gave (validation or final training loss, seconds) and each model's parameters."""
+    """What each pretraining gave (validation loss, BERT's final training loss, seconds) and each model's
+    parameters."""
     import papers_plm as plm
     from safetensors.torch import load_file
 
-    done = {m: plm.pretrain_ours(m, root / "tokenizer", root / m, steps) for m in ("plm", "clm")}
+    done = {m: plm.pretrain_ours(m, root / "tokenizer", root / m, steps) for m in plm.OURS}
     for model, lr in plm.BERT_RATES.items():
-        done[model] = plm.pretrain_bert(root / "tokenizer", root / model, steps, learning_rate=lr)
-    for model in plm.MODELS:
+        done[model] = {**plm.pretrain_bert(root / "tokenizer", root / model, steps, learning_rate=lr),
+                       "validation": plm.bert_validation_loss(root / "tokenizer", root / model)}
+    done["plm_scratch"] = json.loads(plm.pretrained_marker(root, "plm_scratch").read_text())
+    for model in done:
         done[model]["params"] = sum(t.numel() for t in load_file(root / model / "model.safetensors").values())
     return done
 
@@ -318,12 +330,16 @@ def plm_vs_bert(args) -> dict:
         budget = {task: (runner, 48, 1, length) for task, (runner, _, _, length) in budget.items()}
         seeds, dev_rows = plm.SEEDS[:1], 48
     steps = args.steps or plm.PRETRAIN_STEPS
-    run_units(pretraining_units(root, steps) + finetuning_units(root, budget, seeds, dev_rows))
+    run_units(pretraining_units(root, steps) + finetuning_units(root, budget, seeds, dev_rows, plm.MODELS))
+    tuned = plm.best_bert(root)  # known once every BERT of the grid is pretrained and scored
+    models = (*plm.MODELS, tuned)
+    run_units(finetuning_units(root, budget, seeds, dev_rows, (tuned,)))
     tasks = json.loads((root / "data" / "tasks.json").read_text())
     results = {(t, m, s): json.loads(run_result(root, t, m, s).read_text())
-               for s in seeds for t in budget for m in plm.MODELS}
-    table = plm_table(results, tasks, seeds, plm.MODELS)
-    payload = {"table": "plm-vs-bert", "pretraining": pretrained(root, steps), "budget": budget, "seeds": seeds,
+               for s in seeds for t in budget for m in models}
+    table = plm_table(results, tasks, seeds, models)
+    payload = {"table": "plm-vs-bert", "pretraining": pretrained(root, steps), "tuned_bert": tuned,
+               "budget": budget, "seeds": seeds,
                "tasks": tasks, "runs": {f"{t}/{m}/{s}": r for (t, m, s), r in results.items()}, "markdown": table,
                "seconds_this_run": time.perf_counter() - start}
     write_json(args.results / "plm-vs-bert.json", payload)

@@ -78,10 +78,83 @@ def test_a_fine_tuning_run_writes_the_file_its_unit_waits_for_whatever_the_model
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "tasks.json").write_text('{"sst2": {"files": []}}')
-    monkeypatch.setattr(papers_plm, "MODELS", ("bert_lr0.001",))
     monkeypatch.setattr(papers_plm, "finetune", lambda *args, **kwargs: {"eval_accuracy": 0.5})
-    units = bench_papers.finetuning_units(tmp_path, {"sst2": ("classify", 8, 1, 16)}, (42,), None)
+    units = bench_papers.finetuning_units(tmp_path, {"sst2": ("classify", 8, 1, 16)}, (42,), None, ("bert_lr0.001",))
     path, work, *_ = units[-1]
     work()
     assert path == bench_papers.run_result(tmp_path, "sst2", "bert_lr0.001", 42) and path.exists()
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [path.name]
+
+
+def test_the_tuned_bert_is_the_grid_rate_with_the_lowest_validation_loss(tmp_path):
+    """Only BERT_GRID's rates compete (not the recipe's `bert`, even with a lower loss), named as their folders."""
+    import json
+
+    losses = {"bert": 1.0, "bert_lr0.0005": 6.1, "bert_lr0.001": 5.4, "bert_lr0.002": 5.9}
+    assert set(losses) == set(papers_plm.BERT_RATES)
+    for name, loss in losses.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "valid.json").write_text(json.dumps({"mlm_loss": loss}))
+    assert papers_plm.best_bert(tmp_path) == "bert_lr0.001"
+
+
+def test_bert_validation_loss_is_the_mean_over_masked_positions_on_fixed_masks(tmp_path, monkeypatch):
+    """The validation loss reads every piece of the validation stream once, on masks that do not depend on the model
+    (so each BERT of the grid is scored on the same masks), and averages over the masked positions."""
+    import json
+
+    from tokenizers import Tokenizer, models
+    from transformers import BertConfig, BertForMaskedLM
+
+    from tokenization._wrapping import wrap_tokenizer
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<cls>", "<sep>", "<pad>", "<mask>", *map(str, range(20))])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok = wrap_tokenizer(backend, unk_token="<unk>", cls_token="<cls>", sep_token="<sep>", pad_token="<pad>",
+                         mask_token="<mask>")
+    valid = np.random.default_rng(0).integers(5, len(vocab), size=16 * 62 * 3 + 7)
+    monkeypatch.setattr(papers_plm, "bert_tokenizer", lambda folder: tok)
+    monkeypatch.setattr(papers_lm, "token_streams", lambda corpus, folder: (None, valid))
+    scored = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        folder = tmp_path / f"bert{seed}"
+        BertForMaskedLM(BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=32)).save_pretrained(folder)
+        scored.append(papers_plm.bert_validation_loss(tmp_path, folder))
+        assert json.loads((folder / "valid.json").read_text()) == scored[-1]
+    # 3 pieces a row, 16 rows, about 15% of the 62 tokens of each masked: the same positions for both models
+    assert scored[0]["masked_positions"] == scored[1]["masked_positions"]
+    assert 0.10 * 3 * 16 * 62 < scored[0]["masked_positions"] < 0.20 * 3 * 16 * 62
+    assert scored[0]["mlm_loss"] != scored[1]["mlm_loss"]
+    assert abs(scored[0]["mlm_loss"] - np.log(len(vocab))) < 1.0  # an untrained model: near the uniform loss
+
+
+def test_the_scratch_model_is_the_permutation_lm_with_fresh_weights(tmp_path):
+    """`plm_scratch` loads as the pretrained folder does (same config and tokenizer, remote code), with none of its
+    weights, so that the table shows what pretraining adds."""
+    import json
+
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from modeling_xl import TransformerXLConfig, TransformerXLForPermutationLM
+    from tokenization._wrapping import wrap_tokenizer
+
+    config = TransformerXLConfig(vocab_size=40, d_model=16, n_layer=1, n_head=2, d_head=8, d_inner=32, adaptive=False,
+                                 attn_type="bi", ff_activation="gelu")
+    torch.manual_seed(7)
+    TransformerXLForPermutationLM(config).save_pretrained(tmp_path / "plm")
+    backend = Tokenizer(models.WordLevel({"<unk>": 0, "<pad>": 1, "a": 2}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    wrap_tokenizer(backend, unk_token="<unk>", pad_token="<pad>").save_pretrained(tmp_path / "plm")
+    papers_plm.scratch_copy(tmp_path)
+    assert json.loads(papers_plm.pretrained_marker(tmp_path, "plm_scratch").read_text())["seed"] == 42
+    pretrained, scratch = (load_file(tmp_path / m / "model.safetensors") for m in ("plm", "plm_scratch"))
+    assert pretrained.keys() == scratch.keys()
+    assert not any(torch.equal(pretrained[k], scratch[k]) for k in pretrained if pretrained[k].std() > 0)
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "plm_scratch", num_labels=2,
+                                                               trust_remote_code=True)
+    assert type(model).__name__ == "TransformerXLForSequenceClassification"
+    assert AutoTokenizer.from_pretrained(tmp_path / "plm_scratch")("a a")["input_ids"][:2] == [2, 2]
