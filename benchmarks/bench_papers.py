@@ -50,7 +50,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPAT
 for name, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
     os.environ.setdefault(name, value)
 
-from common import emit, print_table, run_worker, worker_args, write_json  # noqa: E402
+from common import emit, print_table, run_worker, worker_args, write_json, write_marker  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "papers"
 SPEED_ROUNDS, SPEED_STEPS, SPEED_WARMUP = 3, 20, 3
@@ -70,7 +70,7 @@ class Scores:
             result = compute()
             self.values[key] = None if result is None else {"nll": result[0], "tokens": result[1],
                                                             "seconds": time.perf_counter() - start}
-            self.path.write_text(json.dumps(self.values, indent=1))
+            write_marker(self.path, self.values)
         value = self.values[key]
         return None if value is None else {**value, "perplexity": _perplexity(value)}
 
@@ -160,7 +160,7 @@ def measure_speed(folder: Path, names: list[str], kinds: dict) -> dict:
                      "rss_growth_mib": statistics.median(r["rss_growth_bytes"] for r in rs) / 2**20, "runs": rs}
               for name, rs in runs.items()}
     result["load_avg"] = {"before": load_before, "after": os.getloadavg()}
-    path.write_text(json.dumps(result, indent=1))
+    write_marker(path, result)
     return result
 
 
@@ -285,7 +285,7 @@ def finetuning_units(root: Path, budget: dict, seeds, dev_rows, models) -> list:
                               root / "hf_scripts")
         done = run_result(root, task, model, seed)
         done.parent.mkdir(parents=True, exist_ok=True)
-        done.write_text(json.dumps(result, indent=1))
+        write_marker(done, result)
         shutil.rmtree(out, ignore_errors=True)  # the fine-tuned weights: only the scores are kept
 
     for seed in seeds:

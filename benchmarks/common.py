@@ -298,6 +298,15 @@ def print_table(headers: list[str], rows: list[list]) -> str:
     return text
 
 
+def write_marker(path: str | Path, payload) -> None:
+    """`payload` as JSON in `path`, whole or not at all (a temporary file beside it, then renamed): a result file whose
+    existence says that a piece of work is done must never be left half-written by a killed process."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(payload, indent=1))
+    os.replace(temporary, path)
+
+
 def write_json(path: str | Path, payload: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

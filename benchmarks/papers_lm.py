@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import PeakMemory, run_script
+from common import PeakMemory, run_script, write_marker
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
@@ -61,7 +61,7 @@ def pretrain_ours(corpus: str, folder: Path, steps: int | None = None, seed: int
                               *CORPORA[corpus]["data"], *CORPORA[corpus]["tokenizer"], "--seed", seed, "--eval_steps",
                               10**9, "--token_cache", "false", "--disable_tqdm", "--overwrite_output_dir",
                               "--output_dir", folder, *extra], f"ours on {corpus}")
-        (folder / "wall.json").write_text(json.dumps({"seconds": seconds}))
+        write_marker(folder / "wall.json", {"seconds": seconds})
     return {**json.loads(results.read_text()), **json.loads((folder / "wall.json").read_text())}
 
 
@@ -146,7 +146,7 @@ def train_gpt2(train: np.ndarray, config, lr: float, steps: int, folder: Path, s
     result = {"lr": lr, "length": config.n_positions, "steps": len(losses), "warmup_steps": warmup,
               "final_train_loss": float(np.mean(losses[-50:])), "seconds": time.perf_counter() - start,
               "loss_per_100_steps": [float(np.mean(losses[i : i + 100])) for i in range(0, len(losses), 100)]}
-    done.write_text(json.dumps(result))
+    write_marker(done, result)
     return result
 
 

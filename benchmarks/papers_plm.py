@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import run_script
+from common import run_script, write_marker
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -93,7 +93,7 @@ def pretrain_ours(objective: str, tokenizer: Path, folder: Path, steps: int) -> 
                               "--max_train_steps", steps, "--eval_steps", 10**9, "--max_eval_segments", 1,
                               "--token_cache", "false", "--disable_tqdm", "--overwrite_output_dir", "--output_dir",
                               folder], f"pretraining {objective}")
-        (folder / "wall.json").write_text(json.dumps({"seconds": seconds}))
+        write_marker(folder / "wall.json", {"seconds": seconds})
     return {**json.loads((folder / "eval_results.json").read_text()),
             **json.loads((folder / "wall.json").read_text())}
 
@@ -178,7 +178,7 @@ def pretrain_bert(tokenizer: Path, folder: Path, steps: int, seed: int = 42,
     result = {"steps": steps, "warmup_steps": warmup, "learning_rate": learning_rate,
               "final_train_loss": float(np.mean(losses[-100:])), "seconds": time.perf_counter() - start,
               "loss_per_100_steps": [float(np.mean(losses[i : i + 100])) for i in range(0, len(losses), 100)]}
-    done.write_text(json.dumps(result))
+    write_marker(done, result)
     return result
 
 
@@ -205,7 +205,7 @@ def bert_validation_loss(tokenizer: Path, folder: Path, seed: int = 0) -> dict:
             total += float(model(input_ids=batch["input_ids"], labels=batch["labels"]).loss) * masked
             count += masked
     result = {"mlm_loss": total / count, "masked_positions": count, "seed": seed}
-    done.write_text(json.dumps(result))
+    write_marker(done, result)
     return result
 
 
@@ -218,8 +218,8 @@ def best_bert(root: Path) -> str:
 # ------------------------------------------------------------------------------------------------------------ folders
 def pretrained_marker(root: Path, model: str) -> Path:
     """The file whose existence says that `model` is pretrained (written last)."""
-    if model == "plm_scratch":
-        return root / model / "scratch.json"
+    if model == "plm_scratch":  # beside its folder, which `scratch_copy` clears (the unit's lock lies beside it too)
+        return root / "plm_scratch.json"
     return root / model / ("train.json" if model in BERT_RATES else "wall.json")
 
 
@@ -235,7 +235,7 @@ def scratch_copy(root: Path, seed: int = 42) -> None:
     model.save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(root / "plm" / name, folder / name)
-    pretrained_marker(root, "plm_scratch").write_text(json.dumps({"source": str(root / "plm"), "seed": seed}))
+    write_marker(pretrained_marker(root, "plm_scratch"), {"source": str(root / "plm"), "seed": seed})
 
 
 def model_folder(root: Path, model: str, task: str) -> Path:
@@ -249,7 +249,7 @@ def question_first_copy(root: Path) -> None:
 
     shutil.rmtree(root / "clm_question_first", ignore_errors=True)  # a copy a killed run left half made
     right_padded(root / "clm", root / "clm_question_first")
-    (root / "clm_question_first.json").write_text(json.dumps({"source": str(root / "clm"), "padding_side": "right"}))
+    write_marker(root / "clm_question_first.json", {"source": str(root / "clm"), "padding_side": "right"})
 
 
 # --------------------------------------------------------------------------------------------------------- task data
@@ -288,7 +288,7 @@ def prepare_tasks(work: Path, budget: dict, dev_rows: int | None = None) -> dict
             dev = [row for row in dev if set(row["upos_tags"]) <= tags]
         tasks[task] = {"files": _write_task_files(work, task, train, dev), "train_rows": len(train),
                        "dev_rows": len(dev), "baseline": _baseline(task, train, dev)}
-    done.write_text(json.dumps(tasks, indent=1))
+    write_marker(done, tasks)
     return tasks
 
 

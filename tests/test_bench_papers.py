@@ -115,6 +115,10 @@ def test_bert_validation_loss_is_the_mean_over_masked_positions_on_fixed_masks(t
     valid = np.random.default_rng(0).integers(5, len(vocab), size=16 * 62 * 3 + 7)
     monkeypatch.setattr(papers_plm, "bert_tokenizer", lambda folder: tok)
     monkeypatch.setattr(papers_lm, "token_streams", lambda corpus, folder: (None, valid))
+    blocks_read = []
+    real_blocks = papers_plm.bert_blocks
+    monkeypatch.setattr(papers_plm, "bert_blocks", lambda *args, **kwargs: (
+        blocks_read.append(block) or block for block in real_blocks(*args, **kwargs)))
     scored = []
     for seed in (0, 1):
         torch.manual_seed(seed)
@@ -123,7 +127,10 @@ def test_bert_validation_loss_is_the_mean_over_masked_positions_on_fixed_masks(t
                                    intermediate_size=32)).save_pretrained(folder)
         scored.append(papers_plm.bert_validation_loss(tmp_path, folder))
         assert json.loads((folder / "valid.json").read_text()) == scored[-1]
-    # 3 pieces a row, 16 rows, about 15% of the 62 tokens of each masked: the same positions for both models
+    # every piece once: the 3 pieces of each of the 16 rows, in 3 blocks per model
+    assert len(blocks_read) == 2 * 3
+    assert sorted(torch.cat(blocks_read[:3])[:, 1:-1].reshape(-1).tolist()) == sorted(valid[: 16 * 62 * 3].tolist())
+    # about 15% of the 62 tokens of each block masked, the same count for both models (one seed)
     assert scored[0]["masked_positions"] == scored[1]["masked_positions"]
     assert 0.10 * 3 * 16 * 62 < scored[0]["masked_positions"] < 0.20 * 3 * 16 * 62
     assert scored[0]["mlm_loss"] != scored[1]["mlm_loss"]
@@ -158,3 +165,17 @@ def test_the_scratch_model_is_the_permutation_lm_with_fresh_weights(tmp_path):
                                                                trust_remote_code=True)
     assert type(model).__name__ == "TransformerXLForSequenceClassification"
     assert AutoTokenizer.from_pretrained(tmp_path / "plm_scratch")("a a")["input_ids"][:2] == [2, 2]
+
+
+def test_a_marker_is_written_whole_or_not_at_all(tmp_path):
+    """The files whose existence says a unit is done: a failed write leaves the earlier file and no stray file."""
+    import json
+
+    from common import write_marker
+
+    path = tmp_path / "valid.json"
+    write_marker(path, {"mlm_loss": 5.3})
+    with pytest.raises(TypeError):
+        write_marker(path, {"mlm_loss": object()})
+    assert json.loads(path.read_text()) == {"mlm_loss": 5.3}
+    assert [p.name for p in tmp_path.iterdir()] == ["valid.json"]
