@@ -11,7 +11,9 @@ Same stream: ours reads 16 contiguous rows of the training ids, 64 tokens of eac
 `length` = 64 k tokens reads, at step t, the window w = t // g of g = 16 / rows consecutive groups of `rows` =
 max(16 / k, 1) rows: the 64-token pieces ours reads at steps w k ... w k + k - 1, joined. Over the run both read the
 same tokens (the last few windows of the 1,024-token GPT-2 aside: 1,500 is not a multiple of 16), in nearly the
-same order, 1,024 a step.
+same order, 1,024 a step. A corpus read more than once in the run (tiny-shakespeare: 1,042 steps an epoch) starts
+over at the rows' starts for both, as ours' `OrderedStreams` does: ours after every whole segment of a row, GPT-2
+after every whole window (up to length / 64 - 1 steps sooner).
 
 Same contexts at evaluation: ours reads the validation stream 64 tokens at a time with memory M (same_length off),
 so the target at position p of segment s sees the M + (p - 64 s) + 1 tokens from max(0, 64 s - M) to p. GPT-2
@@ -111,11 +113,12 @@ def gpt2_windows(train: np.ndarray, length: int, steps: int, streams: int = 16, 
     row_len = (len(train) - 1) // streams
     rows = max(streams * segment // length, 1)
     groups = streams // rows
+    epoch = row_len // length * groups  # steps until every whole window of every row is read; then start over
+    if epoch == 0:
+        raise ValueError(f"length={length}: longer than a stream of {row_len} tokens; expected a longer corpus")
     for step in range(steps):
-        window, first = divmod(step, groups)
+        window, first = divmod(step % epoch, groups)
         starts = (np.arange(first * rows, (first + 1) * rows) * row_len + window * length)[:, None]
-        if window * length + length > row_len:
-            raise ValueError(f"step {step} reads past a stream of {row_len} tokens; expected fewer steps")
         pieces = torch.from_numpy(train[starts + np.arange(length + 1)])
         yield pieces[:, :-1], pieces[:, 1:]
 

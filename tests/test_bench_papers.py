@@ -34,6 +34,30 @@ def test_gpt2_windows_read_the_tokens_ours_streams_read(length):
         assert np.array_equal(np.sort(read_by_gpt2[: step * 1024]), np.sort(read_by_ours[: step * 1024])), step
 
 
+@pytest.mark.parametrize("length", [64, 128, 1024])
+def test_gpt2_windows_start_over_after_an_epoch_as_ours_streams_do(length):
+    """A corpus shorter than the run (tiny-shakespeare): both read every whole piece of a row, then start over at the
+    rows' starts, so after each epoch both have read the same tokens again."""
+    from modeling_xl.data.streams import OrderedStreams
+
+    segments = 40  # a row holds 40 segments of 64: an epoch of ours is 40 steps
+    train = np.arange(16 * 64 * segments + 1)
+    ours = OrderedStreams(train, 16, 64)
+    assert len(ours) == segments
+    windows = list(papers_lm.gpt2_windows(train, length, 3 * segments))
+    group = length // 64
+    epoch = segments // group * group  # GPT-2's: every whole window of a row
+    assert all(torch.equal(windows[step][0], windows[step % epoch][0]) for step in range(3 * segments))
+    read_by_gpt2 = np.concatenate([inputs.reshape(-1).numpy() for inputs, _ in windows[:epoch]])
+    read_by_ours = np.concatenate([ours.batch(i)["input_ids"].reshape(-1).numpy() for i in range(epoch)])
+    assert np.array_equal(np.sort(read_by_gpt2), np.sort(read_by_ours))
+
+
+def test_gpt2_windows_refuse_a_stream_shorter_than_one_window():
+    with pytest.raises(ValueError, match="length=1024"):
+        next(papers_lm.gpt2_windows(np.arange(16 * 1000), 1024, 1))
+
+
 def test_gpt2_windows_refuse_a_length_that_does_not_split_the_streams():
     with pytest.raises(ValueError, match="length=96"):
         next(papers_lm.gpt2_windows(np.arange(10_000), 96, 1))
