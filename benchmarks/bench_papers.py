@@ -17,9 +17,9 @@ Protocol in `papers_plm.py`: one Unigram tokenizer trained on WikiText-2's train
 causal LM and transformers' `BertForMaskedLM` (with `DataCollatorForLanguageModeling`) of the same depth, width,
 heads and feed-forward size, each pretrained there for `papers_plm.PRETRAIN_STEPS` steps of 16 x 64 positions with
 the `tiny` recipe's schedule (BERT also at each rate of `papers_plm.BERT_GRID`, the one with the lowest validation
-masked-LM loss fine-tuned beside the one at the recipe's rate); then each fine-tuned with the same runner and budget
-(`papers_plm.BUDGET`) on SST-2, ud-genre, SQuAD, UD EWT UPOS and ARC-Easy, seeds 42 / 1 / 2, beside each task's
-baseline on the same rows.
+masked-LM loss fine-tuned beside the one at the recipe's rate, also at `papers_plm.BERT_FINETUNE_PROBE`); then each
+fine-tuned with the same runner and budget (`papers_plm.BUDGET`) on SST-2, ud-genre, SQuAD, UD EWT UPOS and
+ARC-Easy, seeds 42 / 1 / 2, beside each task's baseline on the same rows.
 
 Every trained model, score and timing is written under `--results` (default benchmarks/results/papers) as soon as
 it exists and is reused by the next run, so a killed run continues where it stopped (`--fresh`: delete it first).
@@ -282,7 +282,7 @@ def finetuning_units(root: Path, budget: dict, seeds, dev_rows, models) -> list:
         out = root / "runs" / f"{task}_{model}_s{seed}"  # a model's name may hold a dot: no `with_suffix` here
         files = json.loads(tasks.read_text())[task]["files"]
         result = plm.finetune(task, plm.model_folder(root, model, task), files, seed, out, budget,
-                              root / "hf_scripts")
+                              root / "hf_scripts", learning_rate=plm.finetuned_at(model)[1])
         done = run_result(root, task, model, seed)
         done.parent.mkdir(parents=True, exist_ok=True)
         write_marker(done, result)
@@ -332,8 +332,9 @@ def plm_vs_bert(args) -> dict:
     steps = args.steps or plm.PRETRAIN_STEPS
     run_units(pretraining_units(root, steps) + finetuning_units(root, budget, seeds, dev_rows, plm.MODELS))
     tuned = plm.best_bert(root)  # known once every BERT of the grid is pretrained and scored
-    models = (*plm.MODELS, tuned)
-    run_units(finetuning_units(root, budget, seeds, dev_rows, (tuned,)))
+    probe = f"{tuned}@ft{plm.BERT_FINETUNE_PROBE:g}"
+    models = (*plm.MODELS, tuned, probe)
+    run_units(finetuning_units(root, budget, seeds, dev_rows, (tuned, probe)))
     tasks = json.loads((root / "data" / "tasks.json").read_text())
     results = {(t, m, s): json.loads(run_result(root, t, m, s).read_text())
                for s in seeds for t in budget for m in models}

@@ -57,6 +57,7 @@ PRETRAIN_STEPS = 4500
 # validation perplexity in xl-vs-gpt2. Every BERT of BERT_RATES is pretrained; two of them are fine-tuned.
 BERT_GRID = (5e-4, 1e-3, 2e-3)
 BERT_RATES = {"bert": None, **{f"bert_lr{lr:g}": lr for lr in BERT_GRID}}
+BERT_FINETUNE_PROBE = 3e-4  # the tuned BERT is also fine-tuned at this rate (its runs spread widely at COMMON's)
 OURS = ("plm", "clm")
 # `plm_scratch`: the permutation LM's architecture and tokenizer with fresh weights (`scratch_copy`), fine-tuned the
 # same way: what pretraining adds on each task at this size
@@ -216,8 +217,16 @@ def best_bert(root: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------------ folders
+def finetuned_at(model: str) -> tuple[str, float | None]:
+    """A table model may name its fine-tuning rate after "@ft" (`bert_lr0.001@ft0.0003`): (the pretrained model,
+    that rate, or None for COMMON's)."""
+    name, _, rate = model.partition("@ft")
+    return name, float(rate) if rate else None
+
+
 def pretrained_marker(root: Path, model: str) -> Path:
     """The file whose existence says that `model` is pretrained (written last)."""
+    model = finetuned_at(model)[0]
     if model == "plm_scratch":  # beside its folder, which `scratch_copy` clears (the unit's lock lies beside it too)
         return root / "plm_scratch.json"
     return root / model / ("train.json" if model in BERT_RATES else "wall.json")
@@ -240,6 +249,7 @@ def scratch_copy(root: Path, seed: int = 42) -> None:
 
 def model_folder(root: Path, model: str, task: str) -> Path:
     """The folder `model` is fine-tuned from on `task`: its own, or for the causal LM's QA its question-first copy."""
+    model = finetuned_at(model)[0]
     return root / "clm_question_first" if (model, task) == ("clm", "squad") else root / model
 
 

@@ -110,6 +110,24 @@ def test_a_fine_tuning_run_writes_the_file_its_unit_waits_for_whatever_the_model
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [path.name]
 
 
+def test_a_model_named_with_a_fine_tuning_rate_is_fine_tuned_at_it_from_its_own_folder(tmp_path, monkeypatch):
+    import bench_papers
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tasks.json").write_text('{"sst2": {"files": []}}')
+    calls = []
+    monkeypatch.setattr(papers_plm, "finetune", lambda task, folder, *args, learning_rate=None: calls.append(
+        (folder.name, learning_rate)) or {"eval_accuracy": 0.5})
+    units = bench_papers.finetuning_units(tmp_path, {"sst2": ("classify", 8, 1, 16)}, (42,), None,
+                                          ("bert_lr0.001", "bert_lr0.001@ft0.0003"))
+    for path, work, *needs in units[-2:]:
+        assert needs[0] == papers_plm.pretrained_marker(tmp_path, "bert_lr0.001")
+        work()
+        assert path.exists()
+    assert calls == [("bert_lr0.001", None), ("bert_lr0.001", 3e-4)]
+    assert units[-1][0].name == "sst2_bert_lr0.001@ft0.0003_s42.json"
+
+
 def test_the_tuned_bert_is_the_grid_rate_with_the_lowest_validation_loss(tmp_path):
     """Only BERT_GRID's rates compete (not the recipe's `bert`, even with a lower loss), named as their folders."""
     import json
