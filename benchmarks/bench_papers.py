@@ -340,8 +340,8 @@ def plm_vs_bert(args) -> dict:
                for s in seeds for t in budget for m in models}
     table = plm_table(results, tasks, seeds, models)
     payload = {"table": "plm-vs-bert", "pretraining": pretrained(root, steps), "tuned_bert": tuned,
-               "budget": budget, "seeds": seeds,
-               "tasks": tasks, "runs": {f"{t}/{m}/{s}": r for (t, m, s), r in results.items()}, "markdown": table,
+               "budget": budget, "seeds": seeds, "tasks": tasks,
+               "runs": {f"{t}/{m}/{s}": r for (t, m, s), r in results.items()}, "markdown": table,
                "seconds_this_run": time.perf_counter() - start}
     write_json(args.results / "plm-vs-bert.json", payload)
     return payload
