@@ -254,7 +254,7 @@ def pretraining_units(root: Path, steps: int) -> list:
     tokenizer = root / "tokenizer"
     made = tokenizer / "tokenizer.json"
     ours = [(plm.pretrained_marker(root, m), lambda m=m: plm.pretrain_ours(m, tokenizer, root / m, steps), made)
-            for m in plm.OURS]
+            for m in plm.PRETRAINED]
     berts = []
     for m, lr in plm.BERT_RATES.items():
         berts += [(plm.pretrained_marker(root, m), lambda m=m, lr=lr: plm.pretrain_bert(tokenizer, root / m, steps,
@@ -263,7 +263,9 @@ def pretraining_units(root: Path, steps: int) -> list:
                    plm.pretrained_marker(root, m))]
     scratch = (plm.pretrained_marker(root, "plm_scratch"), lambda: plm.scratch_copy(root),
                plm.pretrained_marker(root, "plm"))
-    return [(made, lambda: plm.train_tokenizer(tokenizer)), *ours, scratch, *berts]
+    summaries = [(plm.pretrained_marker(root, m), lambda m=m: plm.summary_copy(root, m),
+                  plm.pretrained_marker(root, source)) for m, source in plm.SUMMARY_VARIANTS.items()]
+    return [(made, lambda: plm.train_tokenizer(tokenizer)), *ours, scratch, *summaries, *berts]
 
 
 def finetuning_units(root: Path, budget: dict, seeds, dev_rows, models) -> list:
@@ -290,7 +292,7 @@ def finetuning_units(root: Path, budget: dict, seeds, dev_rows, models) -> list:
 
     for seed in seeds:
         for task in budget:
-            for model in models:
+            for model in (m for m in models if plm.fine_tuned_on(m, task)):
                 needs = [plm.pretrained_marker(root, model), tasks, scripts]
                 needs += [question_first] if plm.model_folder(root, model, task).name == "clm_question_first" else []
                 units.append((run_result(root, task, model, seed), lambda t=task, m=model, s=seed: run(t, m, s),
@@ -309,11 +311,12 @@ def pretrained(root: Path, steps: int) -> dict:
     import papers_plm as plm
     from safetensors.torch import load_file
 
-    done = {m: plm.pretrain_ours(m, root / "tokenizer", root / m, steps) for m in plm.OURS}
+    done = {m: plm.pretrain_ours(m, root / "tokenizer", root / m, steps) for m in plm.PRETRAINED}
     for model, lr in plm.BERT_RATES.items():
         done[model] = {**plm.pretrain_bert(root / "tokenizer", root / model, steps, learning_rate=lr),
                        "validation": plm.bert_validation_loss(root / "tokenizer", root / model)}
-    done["plm_scratch"] = json.loads(plm.pretrained_marker(root, "plm_scratch").read_text())
+    for model in ("plm_scratch", *plm.SUMMARY_VARIANTS):
+        done[model] = json.loads(plm.pretrained_marker(root, model).read_text())
     for model in done:
         done[model]["params"] = sum(t.numel() for t in load_file(root / model / "model.safetensors").values())
     return done
@@ -337,7 +340,7 @@ def plm_vs_bert(args) -> dict:
     run_units(finetuning_units(root, budget, seeds, dev_rows, (tuned, probe)))
     tasks = json.loads((root / "data" / "tasks.json").read_text())
     results = {(t, m, s): json.loads(run_result(root, t, m, s).read_text())
-               for s in seeds for t in budget for m in models}
+               for s in seeds for t in budget for m in models if plm.fine_tuned_on(m, t)}
     table = plm_table(results, tasks, seeds, models)
     payload = {"table": "plm-vs-bert", "pretraining": pretrained(root, steps), "tuned_bert": tuned,
                "budget": budget, "seeds": seeds, "tasks": tasks,
@@ -352,6 +355,9 @@ def plm_table(results: dict, tasks: dict, seeds, models) -> str:
     for task, (key, baseline_key) in METRICS.items():
         cells, means = [], {}
         for model in models:
+            if (task, model, seeds[0]) not in results:  # a summary variant on a task whose head reads no summary
+                cells.append("-")
+                continue
             scores = [results[(task, model, s)][key] for s in seeds]
             means[model] = statistics.mean(scores)
             spread = f" ± {statistics.stdev(scores):.3f}" if len(scores) > 1 else ""

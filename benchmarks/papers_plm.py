@@ -58,10 +58,20 @@ PRETRAIN_STEPS = 4500
 BERT_GRID = (5e-4, 1e-3, 2e-3)
 BERT_RATES = {"bert": None, **{f"bert_lr{lr:g}": lr for lr in BERT_GRID}}
 BERT_FINETUNE_PROBE = 3e-4  # the tuned BERT is also fine-tuned at this rate (its runs spread widely at COMMON's)
-OURS = ("plm", "clm")
+OURS = {"plm": ("plm", ()), "clm": ("clm", ())}  # name -> (objective, extra `scripts/pretrain.py` arguments)
+# Item 3 of issue 48: the permutation LM again with one sampler size changed, fine-tuned like the others (a column of
+# the table): `plm_np21` predicts 21 of 64 positions a sample (1 in 3) where the default predicts 11 (~1 in 6, XLNet's
+# K = 6), so that at this budget it sees about twice the targets a step
+SAMPLER_VARIANTS = {"plm_np21": ("plm", ("--num_predict", 21))}
+PRETRAINED = {**OURS, **SAMPLER_VARIANTS}
+# ... and "the summary a head reads": our two pretrained models again, their classification and multiple-choice heads
+# pooling the mean of the real tokens' states instead of the last one's (`summary_type`: XLNet reads its <cls>, last),
+# fine-tuned only on the tasks whose heads read a summary (`SUMMARY_TASKS`); name -> the pretrained model they copy
+SUMMARY_VARIANTS = {"plm_mean": "plm", "clm_mean": "clm"}
+SUMMARY_TASKS = ("sst2", "ud-genre", "arc")
 # `plm_scratch`: the permutation LM's architecture and tokenizer with fresh weights (`scratch_copy`), fine-tuned the
-# same way: what pretraining adds on each task at this size
-MODELS = (*OURS, "plm_scratch", "bert")  # fine-tuned, with the tuned BERT (`best_bert`) besides
+# same way: what pretraining adds on each task at this size. Fine-tuned: MODELS, and the tuned BERT (`best_bert`)
+MODELS = (*OURS, *SAMPLER_VARIANTS, *SUMMARY_VARIANTS, "plm_scratch", "bert")
 SEEDS = (42, 1, 2)
 DATA_SEED = 0  # draws the training rows of every task, once
 COMMON = {"learning_rate": 1e-3, "warmup_steps": 0.1, "per_device_train_batch_size": 16,
@@ -86,11 +96,13 @@ def train_tokenizer(folder: Path) -> Path:
     return folder
 
 
-def pretrain_ours(objective: str, tokenizer: Path, folder: Path, steps: int) -> dict:
-    """`scripts/pretrain.py --preset tiny --objective {plm,clm}` on WikiText-2 with `tokenizer` (skipped when done)."""
+def pretrain_ours(model: str, tokenizer: Path, folder: Path, steps: int) -> dict:
+    """`scripts/pretrain.py --preset tiny --objective {plm,clm}` (and `model`'s extra arguments, `PRETRAINED`) on
+    WikiText-2 with `tokenizer` (skipped when done)."""
+    objective, extra = PRETRAINED[model]
     if not (folder / "eval_results.json").exists():
         seconds = run_script([sys.executable, REPO / "scripts" / "pretrain.py", "--preset", "tiny", "--objective",
-                              objective, "--dataset_name", WIKITEXT2, "--tokenizer_name", tokenizer,
+                              objective, *extra, "--dataset_name", WIKITEXT2, "--tokenizer_name", tokenizer,
                               "--max_train_steps", steps, "--eval_steps", 10**9, "--max_eval_segments", 1,
                               "--token_cache", "false", "--disable_tqdm", "--overwrite_output_dir", "--output_dir",
                               folder], f"pretraining {objective}")
@@ -227,8 +239,8 @@ def finetuned_at(model: str) -> tuple[str, float | None]:
 def pretrained_marker(root: Path, model: str) -> Path:
     """The file whose existence says that `model` is pretrained (written last)."""
     model = finetuned_at(model)[0]
-    if model == "plm_scratch":  # beside its folder, which `scratch_copy` clears (the unit's lock lies beside it too)
-        return root / "plm_scratch.json"
+    if model == "plm_scratch" or model in SUMMARY_VARIANTS:  # beside its folder, which the copy clears (the unit's
+        return root / f"{model}.json"                           # lock lies beside it too)
     return root / model / ("train.json" if model in BERT_RATES else "wall.json")
 
 
@@ -245,6 +257,21 @@ def scratch_copy(root: Path, seed: int = 42) -> None:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(root / "plm" / name, folder / name)
     write_marker(pretrained_marker(root, "plm_scratch"), {"source": str(root / "plm"), "seed": seed})
+
+
+def summary_copy(root: Path, model: str) -> None:
+    """`model` of SUMMARY_VARIANTS: its source's folder with `summary_type` "mean" in the config."""
+    source, folder = root / SUMMARY_VARIANTS[model], root / model
+    shutil.rmtree(folder, ignore_errors=True)  # a copy a killed run left half made
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.lock", "checkpoints"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "summary_type": "mean"}, indent=2) + "\n")
+    write_marker(pretrained_marker(root, model), {"source": str(source), "summary_type": "mean"})
+
+
+def fine_tuned_on(model: str, task: str) -> bool:
+    """Whether the table has `model` fine-tuned on `task` (a summary variant only where a head reads the summary)."""
+    return finetuned_at(model)[0] not in SUMMARY_VARIANTS or task in SUMMARY_TASKS
 
 
 def model_folder(root: Path, model: str, task: str) -> Path:

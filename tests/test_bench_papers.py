@@ -209,6 +209,44 @@ def test_the_scratch_model_is_the_permutation_lm_with_fresh_weights(tmp_path):
     assert AutoTokenizer.from_pretrained(tmp_path / "plm_scratch")("a a")["input_ids"][:2] == [2, 2]
 
 
+def test_a_summary_variant_is_its_source_reading_the_mean_and_runs_only_where_a_head_reads_a_summary(
+        tmp_path, monkeypatch):
+    """`plm_mean`: the pretrained folder with `summary_type` "mean" (same weights); its classifier pools the mean of
+    the real tokens; fine-tuned on SST-2, ud-genre and ARC only, and the table shows "-" for the other tasks."""
+    import json
+
+    import bench_papers
+    from transformers import AutoModelForSequenceClassification
+
+    from modeling_xl import TransformerXLConfig, TransformerXLForPermutationLM
+
+    config = TransformerXLConfig(vocab_size=40, d_model=16, n_layer=1, n_head=2, d_head=8, d_inner=32, adaptive=False,
+                                 attn_type="bi", ff_activation="gelu")
+    TransformerXLForPermutationLM(config).save_pretrained(tmp_path / "plm")
+    papers_plm.summary_copy(tmp_path, "plm_mean")
+    assert json.loads(papers_plm.pretrained_marker(tmp_path, "plm_mean").read_text())["summary_type"] == "mean"
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "plm_mean", num_labels=2,
+                                                               trust_remote_code=True)
+    assert model.config.summary_type == "mean"
+    assert (tmp_path / "plm_mean" / "model.safetensors").read_bytes() == (tmp_path / "plm" /
+                                                                         "model.safetensors").read_bytes()
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tasks.json").write_text('{"sst2": {"files": []}, "upos": {"files": []}}')
+    budget = {"sst2": ("classify", 8, 1, 16), "upos": ("token-classification/run_ner.py", 8, 1, 16)}
+    units = bench_papers.finetuning_units(tmp_path, budget, (42,), None, ("plm", "plm_mean"))
+    assert [path.name for path, *_ in units[3:]] == ["sst2_plm_s42.json", "sst2_plm_mean_s42.json",
+                                                     "upos_plm_s42.json"]
+    results = {("sst2", "plm", 42): {"eval_accuracy": 0.5}, ("sst2", "plm_mean", 42): {"eval_accuracy": 0.75},
+               ("upos", "plm", 42): {"eval_accuracy": 0.25}}
+    tasks = {t: {"train_rows": 8, "dev_rows": 8, "baseline": {"name": "b", "accuracy": 0.1}} for t in budget}
+    monkeypatch.setattr(bench_papers, "METRICS", {t: ("eval_accuracy", "accuracy") for t in budget})
+    table = bench_papers.plm_table(results, tasks, (42,), ("plm", "plm_mean")).splitlines()
+    sst2, upos = (next(line for line in table if line.startswith(f"| {t} ")) for t in budget)
+    assert "0.750" in sst2 and sst2.rstrip(" |").endswith("plm_mean")
+    assert [cell.strip() for cell in upos.split("|")][4:6] == ["0.250", "-"]
+
+
 def test_a_marker_is_written_whole_or_not_at_all(tmp_path):
     """The files whose existence says a unit is done: a failed write leaves the earlier file and no stray file."""
     import json
