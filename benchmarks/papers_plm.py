@@ -61,8 +61,10 @@ BERT_FINETUNE_PROBE = 3e-4  # the tuned BERT is also fine-tuned at this rate (it
 OURS = {"plm": ("plm", ()), "clm": ("clm", ())}  # name -> (objective, extra `scripts/pretrain.py` arguments)
 # Item 3 of issue 48: the permutation LM again with one sampler size changed, fine-tuned like the others (a column of
 # the table): `plm_np21` predicts 21 of 64 positions a sample (1 in 3) where the default predicts 11 (~1 in 6, XLNet's
-# K = 6), so that at this budget it sees about twice the targets a step
-SAMPLER_VARIANTS = {"plm_np21": ("plm", ("--num_predict", 21))}
+# K = 6), so that at this budget it sees about twice the targets a step; `plm_reuse16` keeps 16 positions for the next
+# memory instead of 32, so that its A <sep> B <sep> <cls> part is 48 long instead of 32, nearer the fine-tuning
+# tasks' lengths (its local permutation blocks follow, 16 long, as XLNet's `perm_size` follows `reuse_len`)
+SAMPLER_VARIANTS = {"plm_np21": ("plm", ("--num_predict", 21)), "plm_reuse16": ("plm", ("--reuse_len", 16))}
 PRETRAINED = {**OURS, **SAMPLER_VARIANTS}
 # ... and "the summary a head reads": our two pretrained models again, their classification and multiple-choice heads
 # pooling the mean of the real tokens' states instead of the last one's (`summary_type`: XLNet reads its <cls>, last),
@@ -70,8 +72,9 @@ PRETRAINED = {**OURS, **SAMPLER_VARIANTS}
 SUMMARY_VARIANTS = {"plm_mean": "plm", "clm_mean": "clm"}
 SUMMARY_TASKS = ("sst2", "ud-genre", "arc")
 # `plm_scratch`: the permutation LM's architecture and tokenizer with fresh weights (`scratch_copy`), fine-tuned the
-# same way: what pretraining adds on each task at this size. Fine-tuned: MODELS, and the tuned BERT (`best_bert`)
-MODELS = (*OURS, *SAMPLER_VARIANTS, *SUMMARY_VARIANTS, "plm_scratch", "bert")
+# same way: what pretraining adds on each task at this size. Fine-tuned: MODELS, and the tuned BERT (`best_bert`);
+# `plm@ft0.0003`: the permutation LM fine-tuned at BERT_FINETUNE_PROBE (is COMMON's rate what holds it under clm?)
+MODELS = (*OURS, *SAMPLER_VARIANTS, *SUMMARY_VARIANTS, "plm_scratch", "bert", f"plm@ft{BERT_FINETUNE_PROBE:g}")
 SEEDS = (42, 1, 2)
 DATA_SEED = 0  # draws the training rows of every task, once
 COMMON = {"learning_rate": 1e-3, "warmup_steps": 0.1, "per_device_train_batch_size": 16,
