@@ -108,7 +108,7 @@ def pretrain_ours(model: str, tokenizer: Path, folder: Path, steps: int) -> dict
                               objective, *extra, "--dataset_name", WIKITEXT2, "--tokenizer_name", tokenizer,
                               "--max_train_steps", steps, "--eval_steps", 10**9, "--max_eval_segments", 1,
                               "--token_cache", "false", "--disable_tqdm", "--overwrite_output_dir", "--output_dir",
-                              folder], f"pretraining {objective}")
+                              folder], f"pretraining {model}")
         write_marker(folder / "wall.json", {"seconds": seconds})
     return {**json.loads((folder / "eval_results.json").read_text()),
             **json.loads((folder / "wall.json").read_text())}
