@@ -292,7 +292,7 @@ def finetuning_units(root: Path, budget: dict, seeds, dev_rows, models) -> list:
 
     for seed in seeds:
         for task in budget:
-            for model in (m for m in models if plm.fine_tuned_on(m, task)):
+            for model in (m for m in models if plm.finetuned_on(m, task)):
                 needs = [plm.pretrained_marker(root, model), tasks, scripts]
                 needs += [question_first] if plm.model_folder(root, model, task).name == "clm_question_first" else []
                 units.append((run_result(root, task, model, seed), lambda t=task, m=model, s=seed: run(t, m, s),
@@ -340,7 +340,7 @@ def plm_vs_bert(args) -> dict:
     run_units(finetuning_units(root, budget, seeds, dev_rows, (tuned, probe)))
     tasks = json.loads((root / "data" / "tasks.json").read_text())
     results = {(t, m, s): json.loads(run_result(root, t, m, s).read_text())
-               for s in seeds for t in budget for m in models if plm.fine_tuned_on(m, t)}
+               for s in seeds for t in budget for m in models if plm.finetuned_on(m, t)}
     table = plm_table(results, tasks, seeds, models)
     payload = {"table": "plm-vs-bert", "pretraining": pretrained(root, steps), "tuned_bert": tuned,
                "budget": budget, "seeds": seeds, "tasks": tasks,
@@ -351,11 +351,13 @@ def plm_vs_bert(args) -> dict:
 
 
 def plm_table(results: dict, tasks: dict, seeds, models) -> str:
+    import papers_plm as plm
+
     rows = []
     for task, (key, baseline_key) in METRICS.items():
         cells, means = [], {}
         for model in models:
-            if (task, model, seeds[0]) not in results:  # a summary variant on a task whose head reads no summary
+            if not plm.finetuned_on(model, task):  # a summary variant on a task whose head reads no summary
                 cells.append("-")
                 continue
             scores = [results[(task, model, s)][key] for s in seeds]

@@ -272,7 +272,7 @@ def summary_copy(root: Path, model: str) -> None:
     write_marker(pretrained_marker(root, model), {"source": str(source), "summary_type": "mean"})
 
 
-def fine_tuned_on(model: str, task: str) -> bool:
+def finetuned_on(model: str, task: str) -> bool:
     """Whether the table has `model` fine-tuned on `task` (a summary variant only where a head reads the summary)."""
     return finetuned_at(model)[0] not in SUMMARY_VARIANTS or task in SUMMARY_TASKS
 
