@@ -63,8 +63,11 @@ OURS = {"plm": ("plm", ()), "clm": ("clm", ())}  # name -> (objective, extra `sc
 # the table): `plm_np21` predicts 21 of 64 positions a sample (1 in 3) where the default predicts 11 (~1 in 6, XLNet's
 # K = 6), so that at this budget it sees about twice the targets a step; `plm_reuse16` keeps 16 positions for the next
 # memory instead of 32, so that its A <sep> B <sep> <cls> part is 48 long instead of 32, nearer the fine-tuning
-# tasks' lengths (its local permutation blocks follow, 16 long, as XLNet's `perm_size` follows `reuse_len`)
-SAMPLER_VARIANTS = {"plm_np21": ("plm", ("--num_predict", 21)), "plm_reuse16": ("plm", ("--reuse_len", 16))}
+# tasks' lengths (its local permutation blocks follow, 16 long, as XLNet's `perm_size` follows `reuse_len`);
+# `plm_span1` predicts single tokens (`--max_gram 1`) where the default draws spans of 1-5 (XLNet's), each target
+# with its own context of 6 instead of a span's 6-30
+SAMPLER_VARIANTS = {"plm_np21": ("plm", ("--num_predict", 21)), "plm_reuse16": ("plm", ("--reuse_len", 16)),
+                    "plm_span1": ("plm", ("--max_gram", 1))}
 PRETRAINED = {**OURS, **SAMPLER_VARIANTS}
 # ... and "the summary a head reads": our two pretrained models again, their classification and multiple-choice heads
 # pooling the mean of the real tokens' states instead of the last one's (`summary_type`: XLNet reads its <cls>, last),

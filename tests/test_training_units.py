@@ -346,6 +346,25 @@ def test_plm_batch_of_a_step_does_not_depend_on_max_train_steps():
     assert short.train.batch(5)["input_ids"][2, :8].tolist() == tokens[2 * 750 + 40: 2 * 750 + 48].tolist()
 
 
+def test_plm_max_gram_reaches_the_sampler_and_a_resume_with_another_is_refused():
+    from modeling_xl.data import plm_sampling
+    from modeling_xl.training.checkpointing import check_same_stream
+
+    default, _ = _plm_data("--max_train_steps", "4")
+    single, args = _plm_data("--max_train_steps", "4", "--max_gram", "1")
+    assert default.train.sampling.max_gram == 5 and single.train.sampling.max_gram == 1
+    drawn = []
+    real = plm_sampling.sample_target_spans
+    with mock.patch.object(plm_sampling, "sample_target_spans",
+                           side_effect=lambda *a, **k: drawn.append(k["max_gram"]) or real(*a, **k)):
+        single.train.batch(0)
+    assert drawn and set(drawn) == {1}
+    with pytest.raises(ValueError, match=r"was written with max_gram=5, this run's training data has max_gram=1"):
+        check_same_stream({"objective": "plm", "max_gram": 5}, {"max_gram": 1}, "ckpt")
+    with pytest.raises(ValueError, match=r"max_gram must be >= 1, got 0"):
+        _plm_data("--max_train_steps", "4", "--max_gram", "0")
+
+
 def test_plm_final_evaluation_reads_the_whole_validation_split():
     from modeling_xl.training.models import build_config, build_model
     from modeling_xl.training.plm_objective import plm_evaluate, plm_model_class

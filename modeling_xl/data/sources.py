@@ -66,9 +66,9 @@ class StreamLayout:
 @dataclass(frozen=True)
 class PLMRows:
     """Permutation-LM samples: `seq_len` tokens (`reuse_len` of them the part the next step reuses as memory),
-    `num_predict` targets, permutations in blocks of `perm_size`; drawn from `seed`; laid out for `max_steps`
-    steps; `bi_data`: half the rows read backwards; `chunks`: the parts (gradient accumulation) each process's rows
-    are split into."""
+    `num_predict` targets in spans of at most `max_gram` tokens, permutations in blocks of `perm_size`; drawn from
+    `seed`; laid out for `max_steps` steps; `bi_data`: half the rows read backwards; `chunks`: the parts (gradient
+    accumulation) each process's rows are split into."""
 
     seq_len: int
     reuse_len: int
@@ -78,7 +78,8 @@ class PLMRows:
     max_steps: int | None = None
     bi_data: bool = False
     chunks: int = 1
+    max_gram: int = 5
 
     def sampling(self) -> dict:
         return dict(seq_len=self.seq_len, reuse_len=self.reuse_len, num_predict=self.num_predict,
-                    perm_size=self.perm_size)
+                    perm_size=self.perm_size, max_gram=self.max_gram)

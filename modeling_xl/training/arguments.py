@@ -93,6 +93,7 @@ class PretrainArguments:
     reuse_len: int | None = field(default=None, metadata={"help": "plm: tokens of each sample kept as memory (default tgt_len // 2)"})
     num_predict: int | None = field(default=None, metadata={"help": "plm: targets per sample (default ~tgt_len / 6)"})
     perm_size: int | None = field(default=None, metadata={"help": "plm: local permutation block (default reuse_len)"})
+    max_gram: int = field(default=5, metadata={"help": "plm: longest target span; lengths 1..max_gram drawn with p(n) ∝ 1/n (XLNet's 5; 1: single tokens)"})
     bi_data: bool = field(default=False, metadata={"help": "plm: half of the rows read backwards"})
     # optimisation
     output_dir: str | None = field(default=None, metadata={

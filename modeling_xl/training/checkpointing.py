@@ -106,8 +106,8 @@ def check_same_stream(state: dict, stream: dict, folder) -> None:
     """The memories and the data position of a checkpoint belong to one token stream: a changed corpus (another file,
     an edited file) or another tokenizer gives a different `train_tokens` or `tokenizer_vocab_size`; another
     objective, or for the permutation LM another seed or sampling setting (reuse_len, num_predict, perm_size,
-    bi_data, the sampling version), other samples. A field the checkpoint does not carry (written before it was
-    stored) is not checked, except the permutation LM's sampling version: a checkpoint without it was written with
+    max_gram, bi_data, the sampling version), other samples. A field the checkpoint does not carry (written before it
+    was stored) is not checked, except the permutation LM's sampling version: a checkpoint without it was written with
     version 1 (`plm_layout.SAMPLING_VERSION`)."""
     if state.get("objective") == "plm" and "plm_sampling_version" in stream:
         state = {"plm_sampling_version": 1, **state}
