@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+import warm_launch
 
 from modeling_xl import TransformerXLConfig
 from modeling_xl.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
@@ -309,15 +310,8 @@ def test_tied_table_gradient_under_fsdp2(tmp_path, head):
     """FSDP2 (two gloo processes on CPU, fully_shard per layer and at the root, as in README's recipe) with the
     deferred tied-table gradient: the root's gradients are reduce-scattered at the end of backward, after the lookup
     has built the table's gradient, so every gradient equals the unsharded model's on the mean loss."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     result = tmp_path / "result.json"
-    mp.spawn(_fsdp2_worker, args=(2, port, head, str(result)), nprocs=2)
+    warm_launch.start_processes(_fsdp2_worker, args=(2, warm_launch.free_port(), head, str(result)), nprocs=2)
     outcome = json.loads(result.read_text())
     assert outcome == {"wrong": [], "deferred": True}
 

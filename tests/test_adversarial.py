@@ -12,8 +12,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+import warm_launch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -511,32 +510,18 @@ STALL_DRIVER = textwrap.dedent('''
 
 
 def test_a_stalled_rank_ends_the_run_after_ddp_timeout(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    """One rank stops inside a step: the other's collective times out after `--ddp_timeout` and ends the launch (the
+    launcher then stops the stalled rank), well before the default timeout of 30 minutes."""
     (tmp_path / "driver.py").write_text(STALL_DRIVER)
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    command = [str(Path(PYTHON).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               str(port), str(tmp_path / "driver.py"), str(REPO / "tests"),
-               *run_args(tmp_path / "out", "--max_train_steps", "8", "--ddp_timeout", "10")]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     started = time.monotonic()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    try:
-        _, stderr = process.communicate(timeout=240)
-    finally:
-        try:  # never leave a stopped rank behind (the launcher may have ended without it)
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
+    result = warm_launch.run(tmp_path / "driver.py",
+                             [REPO / "tests", *run_args(tmp_path / "out", "--max_train_steps", "8", "--ddp_timeout", "10")],
+                             env=env, cwd=tmp_path, timeout=240, processes=2,
+                             launcher=["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"])
     elapsed = time.monotonic() - started
-    assert process.returncode != 0
-    assert "timed out" in stderr.lower() or "timeout" in stderr.lower(), stderr[-3000:]
+    assert result.returncode != 0
+    assert "timed out" in result.stderr.lower() or "timeout" in result.stderr.lower(), result.stderr[-3000:]
     assert elapsed < 200, elapsed
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch._dynamo
+import warm_launch
+from kernel_sets import available_capabilities, inductor_cache_dir
 from torch._dynamo.backends.debugging import aot_eager
 
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM
-
-from kernel_sets import available_capabilities, inductor_cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -180,22 +180,19 @@ def test_accelerate_launch_with_dynamo_trains_like_eager(tmp_path):
     2026-11-29). Inductor's own kernels are checked in a fresh process per CPU kernel set
     (`test_compiled_adaptive_embedding_equals_eager_under_each_cpu_capability`)."""
     from generated_corpora import play_text
-    from test_training_runs import COMMON, DRIVER, free_port, losses
+    from test_training_runs import COMMON, DRIVER, losses
 
     (tmp_path / "corpus.txt").write_text(play_text(30_000)[:30_000])
     (tmp_path / "driver.py").write_text(DRIVER)
     env = {**os.environ, "CORPUS": str(tmp_path / "corpus.txt"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "ACCELERATE_USE_CPU": "1", "TORCH_LOGS": "recompiles,graph_breaks",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
+           "ACCELERATE_USE_CPU": "1", "TORCH_LOGS": "recompiles,graph_breaks"}
     runs = {}
     for backend in ("no", "aot_eager"):
         out = tmp_path / backend
-        command = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                   "--mixed_precision", "no", "--dynamo_backend", backend, "--main_process_port", str(free_port()),
-                   str(tmp_path / "driver.py"), *COMMON, "--max_train_steps", "6", "--eval_steps", "100",
-                   "--dropout", "0", "--dropatt", "0", "--output_dir", str(out)]
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+        result = warm_launch.run(tmp_path / "driver.py", [*COMMON, "--max_train_steps", "6", "--eval_steps", "100",
+                                                          "--dropout", "0", "--dropatt", "0", "--output_dir", str(out)],
+                                 env=env, cwd=tmp_path, timeout=1200, processes=2,
+                                 launcher=["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", backend])
         assert result.returncode == 0, result.stderr[-4000:]
         runs[backend] = (losses(out), result.stderr)
     (eager, _), (compiled, log) = runs["no"], runs["aot_eager"]

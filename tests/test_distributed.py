@@ -1,6 +1,8 @@
 """Engines under `accelerate launch` with 2 processes over gloo: FSDP2 against DDP (both objectives, with and without
 activation checkpointing), FSDP2 kill + resume, the FSDP2 final folder in a fresh process, a 2 -> 1 process resume,
 a node-local output folder; and the engine checks themselves (refusals, launcher fallbacks, process layouts).
+The training launches get the environment the launcher gives its workers, the workers forked warm (`warm_launch`);
+`test_launcher_fallbacks_seen_through_the_real_launcher` starts the real launcher.
 
 Accelerate selects its FSDP path only on GPU-like devices. The driver switches the state of an Accelerator built for
 2 CPU processes to FSDP (the launcher's FSDP_* settings) right after it is built, so Accelerate's own FSDP2 prepare,
@@ -18,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import warm_launch
 from safetensors.torch import save_file
 
 from modeling_xl.training import engines
@@ -115,19 +118,15 @@ def workdir(tmp_path_factory):
 
 
 def launch(workdir, out, extra=(), launcher=("--multi_gpu",), processes=2, env_extra=None, check=True):
-    from test_training_runs import free_port
-
+    """The driver under `accelerate launch <launcher>` with `processes` workers (1: `python driver.py`), forked warm
+    (`warm_launch`)."""
     env = {**os.environ, "CORPUS": str(workdir / "corpus.txt"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "ACCELERATE_USE_CPU": "1", **(env_extra or {})}
     if launcher and launcher[0] == "--use_fsdp":
         env["FORCE_FSDP"] = "1"
-    argv = [str(workdir / "driver.py"), *COMMON, "--output_dir", str(out), *extra]
-    if processes == 1:
-        command = [PYTHON, *argv]
-    else:
-        command = [ACCELERATE, "launch", *launcher, "--num_processes", str(processes), "--num_machines", "1",
-                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), *argv]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=workdir)
+    argv = [*COMMON, "--output_dir", str(out), *extra]
+    result = warm_launch.run(workdir / "driver.py", argv, env=env, cwd=workdir, timeout=240, processes=processes,
+                             launcher=[*launcher, "--mixed_precision", "no", "--dynamo_backend", "no"])
     if check and result.returncode != 0:
         raise AssertionError(f"run failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
@@ -333,8 +332,6 @@ def test_launcher_fallbacks_seen_through_the_real_launcher(tmp_path, launcher, c
     """The environment `launcher_fallbacks` reads is the one `accelerate launch` really sets on a CPU-only machine:
     --use_fsdp runs DDP (or, without ACCELERATE_USE_CPU, two separate single processes), --cpu --num_processes 2 runs
     one process; each is named. A plain DDP launch warns nothing."""
-    from test_training_runs import free_port
-
     (tmp_path / "probe.py").write_text(PROBE)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("ACCELERATE_USE_CPU", None)
@@ -342,7 +339,7 @@ def test_launcher_fallbacks_seen_through_the_real_launcher(tmp_path, launcher, c
     if cpu_env:
         env["ACCELERATE_USE_CPU"] = "1"
     result = subprocess.run([ACCELERATE, "launch", *launcher, "--num_machines", "1", "--mixed_precision", "no",
-                             "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+                             "--dynamo_backend", "no", "--main_process_port", str(warm_launch.free_port()),
                              str(tmp_path / "probe.py")],
                             env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

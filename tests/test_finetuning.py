@@ -5,7 +5,6 @@ import importlib.util
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ from unittest import mock
 
 import pytest
 import torch
+import warm_launch
 from transformers import AutoModelForSequenceClassification
 
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForSequenceClassification
@@ -933,14 +933,9 @@ def test_dev_scores_of_two_processes_are_those_of_the_whole_dev_set(tmp_path):
     from modeling_xl.finetuning.tasks import task_for
 
     (tmp_path / "driver.py").write_text(TWO_PROCESS_EVAL)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               str(port), str(tmp_path / "driver.py"), str(tmp_path)]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    proc = warm_launch.run(tmp_path / "driver.py", [tmp_path], env=env, cwd=tmp_path, timeout=240, processes=2,
+                           launcher=["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     torch.manual_seed(0)

@@ -6,8 +6,6 @@ import gzip
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
+import warm_launch
 
 from modeling_xl.data import plm_rows
 from modeling_xl.data.cached_corpus import cache_identity
@@ -25,7 +24,6 @@ from modeling_xl.training import parse_args
 from modeling_xl.training.data_sources import build_data, corpus_source, token_cache, tokenizer_recipe
 from tokenization.word_level import WordCounter, count_words, train_word_level_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
 WORDS = [f"w{i}" for i in range(150)]
 
 
@@ -135,8 +133,8 @@ def test_killed_build_is_never_used(corpus, tmp_path):
     cache_dir = tmp_path / "cache"
     argv = ["--train_file", str(corpus[0]), "--validation_file", str(corpus[1]), "--token_cache_dir", str(cache_dir),
             "--tokenizer_vocab_size", "120", "--disable_tqdm"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, "-c", KILLED_BUILD, *argv], env=env, capture_output=True, text=True)
+    (tmp_path / "killed_build.py").write_text(KILLED_BUILD)
+    run = warm_launch.run(tmp_path / "killed_build.py", argv, env=dict(os.environ), cwd=tmp_path, timeout=300)
     assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
     key = cache_key(identity(parse_args(argv)))
     assert (cache_dir / f"{key}.partial" / "train.bin").is_file()  # what the killed build left

@@ -3,19 +3,15 @@
 lock file that blocks nothing; a normal end removes the file."""
 
 import os
-import signal
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
+import time
 
 import pytest
+import warm_launch
 
 from modeling_xl.runtime.run_folder import LOCK_FILE, OutputDirLock, OutputDirLockedError
 from modeling_xl.training.arguments import parse_args
 from modeling_xl.training.loop import run_pretraining
-
-REPO = Path(__file__).resolve().parents[1]
 
 HOLDER = textwrap.dedent("""
     import sys, time
@@ -28,15 +24,20 @@ HOLDER = textwrap.dedent("""
 
 @pytest.fixture
 def holder(tmp_path):
-    """A second process holding the lock of tmp_path / "run" until killed."""
+    """A second process holding the lock of tmp_path / "run" until killed (forked warm: `warm_launch`)."""
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
-    assert process.stdout.readline().strip() == "locked"
+    (tmp_path / "holder.py").write_text(HOLDER)
+    said = tmp_path / "holder.out"
+    process = warm_launch.start(tmp_path / "holder.py", [out], env=dict(os.environ), cwd=tmp_path, stdout=said,
+                                stderr=tmp_path / "holder.err")
+    deadline = time.monotonic() + 120
+    while not (said.exists() and said.read_text().strip() == "locked"):
+        assert process.is_alive() and time.monotonic() < deadline, (tmp_path / "holder.err").read_text()[-3000:]
+        time.sleep(0.05)
     yield out, process
-    if process.poll() is None:
+    if process.is_alive():
         process.kill()
-    process.wait()
+    process.join()
 
 
 def test_a_second_run_on_a_locked_output_dir_is_refused_before_it_writes(holder):
@@ -51,8 +52,8 @@ def test_a_second_run_on_a_locked_output_dir_is_refused_before_it_writes(holder)
 
 def test_a_lock_left_by_a_killed_run_blocks_nothing(holder):
     out, process = holder
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    process.kill()  # SIGKILL
+    process.join()
     assert (out / LOCK_FILE).exists()  # the dead run's file stays; its flock went with the process
     lock = OutputDirLock(out).acquire()
     assert (out / LOCK_FILE).read_text().strip() == str(os.getpid())

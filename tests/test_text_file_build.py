@@ -3,14 +3,13 @@ the same vocabulary and the same ids bit for bit, on odd files, with 1 and 2 wor
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+import warm_launch
 
 from modeling_xl.data import text_file_build
 from modeling_xl.data.cached_corpus import cache_identity
@@ -20,8 +19,6 @@ from modeling_xl.training.data_sources import corpus_source, token_cache, tokeni
 from tokenization.arrow_words import split_words
 from tokenization.byte_words import split_text
 from tokenization.word_level import FirstSeenCounts, WordCounter, count_words
-
-REPO = Path(__file__).resolve().parents[1]
 
 # every Unicode White_Space character, the characters Python calls whitespace and Rust does not, and look-alikes
 ODD_CHARACTERS = ("\t", "\x0b", "\x0c", " ", "\x1c", "\x1d", "\x1e", "\x1f", "\x85", "\xa0", "\u1680",
@@ -194,8 +191,8 @@ def test_killed_text_file_build_is_never_used(tmp_path, step):
     train.write_bytes(corpus_text("plain").encode())
     cache_dir = tmp_path / "cache"
     argv = argv_for(train, None, cache_dir, "--preprocessing_num_workers", "2")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, "-c", KILLED_PASS, step, *argv], env=env, capture_output=True, text=True)
+    (tmp_path / "killed_pass.py").write_text(KILLED_PASS)
+    run = warm_launch.run(tmp_path / "killed_pass.py", [step, *argv], env=dict(os.environ), cwd=tmp_path, timeout=300)
     assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
     key = cache_key(cache_identity(corpus_source(parse_args(argv)), tokenizer_recipe(parse_args(argv))))
     left = cache_dir / f"{key}.partial"

@@ -9,7 +9,6 @@ publishing, and loading the final folder in a fresh process.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_launch
 from generated_corpora import play_text
 
 pytestmark = pytest.mark.slow  # several launches of 1 and 2 processes: `.ci/run` leaves them out of its second pass
@@ -92,24 +92,17 @@ def workdir(tmp_path_factory):
     return root
 
 
-def free_port() -> int:
-    """A TCP port free right now, for a launcher's rendezvous (a fixed one fails while anything else holds it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_driver(workdir, out, extra=(), processes=1, env_extra=None, check=True):
+    """The driver as `python driver.py` (processes 1) or under `accelerate launch --multi_gpu`, forked warm
+    (`warm_launch`; the real launcher and script: `test_real_script_with_two_processes_finishes_and_writes_one_folder`).
+    """
     env = {**os.environ, "CORPUS": str(workdir / "corpus.txt"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            **(env_extra or {})}
-    argv = [str(workdir / "driver.py"), *COMMON, "--output_dir", str(out), *extra]
-    if processes == 1:
-        command = [PYTHON, *argv]
-    else:
+    if processes > 1:
         env["ACCELERATE_USE_CPU"] = "1"
-        command = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
-                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), *argv]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, cwd=workdir)
+    result = warm_launch.run(workdir / "driver.py", [*COMMON, "--output_dir", str(out), *extra], env=env, cwd=workdir,
+                             timeout=180, processes=processes,
+                             launcher=["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"])
     if check and result.returncode != 0:
         raise AssertionError(f"run failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
@@ -231,7 +224,7 @@ def test_real_script_with_two_processes_finishes_and_writes_one_folder(workdir):
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1"}
     command = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(warm_launch.free_port()),
                str(REPO / "scripts" / "pretrain.py"), "--preset", "debug", "--train_file", str(workdir / "corpus.txt"),
                "--tokenizer_type", "char", "--max_train_steps", "6", "--checkpointing_steps", "3", "--disable_tqdm",
                "--output_dir", str(out)]
