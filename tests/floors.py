@@ -16,6 +16,7 @@ FLOOR_FILES = {
     "test_tokenizers.py": "tokenizers, transformers: training, saving and loading every tokenizer kind",
     "test_corpora.py": "datasets, pyarrow: reading corpora into datasets and their caches",
     "test_xlnet_conversion.py": "transformers: XLNet checkpoints import with transformers' XLNet logits",
+    "test_warm_launch.py": "accelerate, torch: the environment of `accelerate launch` that the tests' launches copy",
 }
 
 FLOOR_TESTS = {

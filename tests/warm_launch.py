@@ -115,14 +115,13 @@ def launcher_environment(launcher: list[str], processes: int, port: int, script:
 
 
 def _rank_environment(base: dict, rank: int, processes: int, port: int) -> dict:
-    """What torch's elastic agent adds for worker `rank` of one machine, but its own error file and store (no agent
-    here: rank 0 holds the rendezvous store, as a launch without the agent's store does)."""
+    """What torch's elastic agent adds for worker `rank` of one machine, but its own settings (its error file, its
+    store: here rank 0 holds the rendezvous store, the signals it forwards, NCCL's error handling)."""
     return {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
             "ROLE_NAME": "default", "WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes),
             "ROLE_WORLD_SIZE": str(processes), "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0",
-            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+            "TORCHELASTIC_MAX_RESTARTS": "0"}
 
 
 def run(script, argv=(), *, env: dict, cwd, timeout: float, processes: int = 1,
