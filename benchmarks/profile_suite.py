@@ -3,8 +3,10 @@ every Python process a test starts (scripts, `accelerate launch` and its workers
 
 A `sitecustomize` module put first on PYTHONPATH records, when each child Python process exits, its CPU time (user +
 system) and the test that was running (`PYTEST_CURRENT_TEST`, which children inherit). A process killed by a signal
-(the kill-and-resume tests' first runs) or started with an environment of its own records nothing. Pin the process to
-one core (`taskset -c 0`) to read the file times as CPU seconds; docs/testing.md has the figures.
+(the kill-and-resume tests' first runs) or started with an environment of its own records nothing; a worker that
+`tests/warm_launch.py` forks records its own CPU since the fork (the forkserver's imports, once per pytest process,
+may go unrecorded: it ends after pytest does). Pin the process to one core (`taskset -c 0`) to read the file times as
+CPU seconds; docs/testing.md has the figures.
 
     taskset -c 0 python benchmarks/profile_suite.py                 # the whole suite
     python benchmarks/profile_suite.py tests/test_distributed.py    # any pytest arguments
