@@ -16,7 +16,6 @@ FLOOR_FILES = {
     "test_tokenizers.py": "tokenizers, transformers: training, saving and loading every tokenizer kind",
     "test_corpora.py": "datasets, pyarrow: reading corpora into datasets and their caches",
     "test_xlnet_conversion.py": "transformers: XLNet checkpoints import with transformers' XLNet logits",
-    "test_warm_launch.py": "accelerate, torch: the environment of `accelerate launch` that the tests' launches copy",
 }
 
 FLOOR_TESTS = {
@@ -37,6 +36,8 @@ FLOOR_TESTS = {
     "test_task_scripts.py::test_multiple_choice_script_with_three_four_and_five_choices":
         "datasets, evaluate, accelerate: a task script end to end",
     "test_compile.py::test_training_step_compiles_to_one_graph_and_equals_eager": "torch: Dynamo traces the step",
+    "test_warm_launch.py::test_workers_get_the_environment_of_the_real_launcher":
+        "accelerate, torch: the environment of `accelerate launch` that the tests' launches copy",
     "test_training_steps.py::test_script_on_a_char_level_text_file_reports_bpc":
         "accelerate, datasets: the pretraining script end to end",
 }

@@ -9,8 +9,9 @@ What a worker gets is what `accelerate launch` gives it: the launcher's own argu
 default config file included) and `prepare_multi_gpu_env` build the environment from the same launcher flags, and
 each worker gets the ranks, world size and rendezvous address that torch's elastic agent sets. The script then runs
 as `python script.py argv` runs it (`runpy`, `__name__ == "__main__"`, its folder first on `sys.path`, the exit
-functions at the end). As the agent does, the first worker that fails ends the launch: the others get `GRACE` seconds
-to end on their own (they often fail on the same check), then are killed.
+functions at the end). As with the agent, the first worker that fails ends the launch; the agent stops the others at
+once (SIGTERM), here they get `GRACE` seconds to end on their own (ranks often fail on the same check, each saying
+why), then are killed. `TORCH_LOGS`, which torch reads when imported, is read again in the worker.
 
 Not covered here, and kept as cold processes elsewhere: the launcher's process itself (`tests/test_training_runs.py::
 test_real_script_with_two_processes_finishes_and_writes_one_folder` and `tests/test_distributed.py::
@@ -37,7 +38,7 @@ from unittest import mock
 # import, and this module, the workers' entry point
 PRELOAD = ["torch", "transformers", "accelerate", "datasets", "modeling_xl", "modeling_xl.training",
            "modeling_xl.finetuning", "warm_launch"]
-GRACE = 15.0  # seconds the other workers get once one has failed
+GRACE = 5.0  # seconds the other workers get once one has failed (a failure often ends every rank at once)
 
 
 def free_port() -> int:
