@@ -934,8 +934,7 @@ def test_dev_scores_of_two_processes_are_those_of_the_whole_dev_set(tmp_path):
 
     (tmp_path / "driver.py").write_text(TWO_PROCESS_EVAL)
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = warm_launch.run(tmp_path / "driver.py", [tmp_path], env=env, cwd=tmp_path, timeout=240, processes=2,
-                           launcher=["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"])
+    proc = warm_launch.run(tmp_path / "driver.py", [tmp_path], env=env, cwd=tmp_path, timeout=240, processes=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     torch.manual_seed(0)

@@ -101,8 +101,7 @@ def run_driver(workdir, out, extra=(), processes=1, env_extra=None, check=True):
     if processes > 1:
         env["ACCELERATE_USE_CPU"] = "1"
     result = warm_launch.run(workdir / "driver.py", [*COMMON, "--output_dir", str(out), *extra], env=env, cwd=workdir,
-                             timeout=180, processes=processes,
-                             launcher=["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"])
+                             timeout=180, processes=processes)
     if check and result.returncode != 0:
         raise AssertionError(f"run failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result

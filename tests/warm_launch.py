@@ -26,9 +26,11 @@ import atexit
 import multiprocessing
 import os
 import runpy
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -38,6 +40,7 @@ from unittest import mock
 # import, and this module, the workers' entry point
 PRELOAD = ["torch", "transformers", "accelerate", "datasets", "modeling_xl", "modeling_xl.training",
            "modeling_xl.finetuning", "warm_launch"]
+DDP = ("--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no")  # the tests' plain two-process launch
 GRACE = 5.0  # seconds the other workers get once one has failed (a failure often ends every rank at once)
 
 
@@ -126,7 +129,7 @@ def _rank_environment(base: dict, rank: int, processes: int, port: int) -> dict:
 
 
 def run(script, argv=(), *, env: dict, cwd, timeout: float, processes: int = 1,
-        launcher=("--multi_gpu",)) -> subprocess.CompletedProcess:
+        launcher=DDP) -> subprocess.CompletedProcess:
     """`python script argv` (processes 1) or `accelerate launch <launcher> --num_processes <processes> script argv`,
     its workers forked from the warm forkserver. Returns what `subprocess.run(..., capture_output=True, text=True)`
     would: the return code (0, or the first failed worker's; negative: killed by that signal), and the workers'
@@ -139,8 +142,7 @@ def run(script, argv=(), *, env: dict, cwd, timeout: float, processes: int = 1,
         port = free_port()
         base = launcher_environment(list(launcher), processes, port, script, env)
         environments = [_rank_environment(base, rank, processes, port) for rank in range(processes)]
-    logs = Path(cwd) / f".warm_launch_{os.getpid()}_{time.monotonic_ns()}"
-    logs.mkdir()
+    logs = Path(tempfile.mkdtemp(prefix="warm_launch_"))  # the workers' output, outside the folder the test reads
     workers = [start(script, argv, env=environment, cwd=cwd, stdout=logs / f"{rank}.out", stderr=logs / f"{rank}.err")
                for rank, environment in enumerate(environments)]
     try:
@@ -152,9 +154,7 @@ def run(script, argv=(), *, env: dict, cwd, timeout: float, processes: int = 1,
             if worker.is_alive():
                 worker.kill()
             worker.join()
-        for path in logs.iterdir():
-            path.unlink()
-        logs.rmdir()
+        shutil.rmtree(logs)
     return subprocess.CompletedProcess([script, *argv], code, "".join(out for out, _ in outputs),
                                        "".join(err for _, err in outputs))
 
