@@ -437,6 +437,7 @@ def compile_model(model, how: str | None, dry: bool, batches: list[dict]):
 
 def causal_lm_side(check, impl: str, precision: str, sizes: dict, compiled: str | None = None) -> dict:
     from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+    from modeling_xl.memory import carry_memory
 
     device = check.device
     shape = DRY_WT103 if check.dry else {}
@@ -462,7 +463,7 @@ def causal_lm_side(check, impl: str, precision: str, sizes: dict, compiled: str 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        state["mems"] = out.mems
+        state["mems"] = carry_memory(state["mems"], out.mems)  # one buffer per layer: what a captured step reads
 
     result = timed_training(device, step, sizes, batch * tgt)
     if impl == "sdpa" and compiled is None:
@@ -555,7 +556,8 @@ def gpt2_side(check, sizes: dict) -> dict:
 def attention_timing(check: Check, sizes: dict) -> dict:
     """Milliseconds of one attention call, forward + backward, at the training shape of (c) (wt103-base: 10 heads
     of 41, tgt = mem = 192, batch 32, causal, bf16 on CUDA): SDPA with the position bias, and the Triton kernel at
-    each tile size (`relative_attention_triton.TILES`)."""
+    each tile size (`relative_attention_triton.TILES`) with each way of adding up the table's gradient
+    (`TABLE_GRADIENT`: per-tile bands summed after, or fp32 atomics)."""
     from modeling_xl import relative_attention_triton as tra
     from modeling_xl.kernel_registry import kernel
     from modeling_xl.relative_attention import causal_mask, relative_attention
@@ -568,13 +570,16 @@ def attention_timing(check: Check, sizes: dict) -> dict:
     mask = causal_mask(qlen, mlen, device=device)
     grad = torch.randn(batch, heads, qlen, d_head, device=device, dtype=dtype)
     tiles = [(64, 4), (64, 8), (32, 4), (32, 2), (128, 8)] if device.type == "cuda" else [tra.TILES["cpu"]]
-    configs = [("sdpa", None)] + ([("triton", t) for t in tiles] if tra.available(device.type) else [])
-    default, out = tra.TILES.get(device.type), {}
-    for impl, tile in configs:
+    configs = [("sdpa", None, None)] + ([("triton", t, g) for t in tiles for g in ("bands", "atomic")]
+                                        if tra.available(device.type) else [])
+    default, default_gradient, out = tra.TILES.get(device.type), tra.TABLE_GRADIENT, {}
+    for impl, tile, table_gradient in configs:
         if tile is not None:
-            tra.TILES[device.type] = tile
+            tra.TILES[device.type], tra.TABLE_GRADIENT = tile, table_gradient
 
         attention = kernel(f"relative_attention.{impl}", device.type) or relative_attention
+
+        name = impl if tile is None else f"{impl} tile {tile[0]} warps {tile[1]} table gradient {table_gradient}"
 
         def call():
             result, _ = attention(*inputs, mask, qlen - 1)
@@ -587,14 +592,14 @@ def attention_timing(check: Check, sizes: dict) -> dict:
             for _ in range(5):
                 call()
             sync(device)
-            out[f"{impl} {tile}"] = (time.perf_counter() - begin) / 5 * 1e3
+            out[name] = (time.perf_counter() - begin) / 5 * 1e3
         except Exception as error:  # a tile size the compiler refuses (registers, shared memory): recorded
-            out[f"{impl} {tile}"] = f"{type(error).__name__}: {str(error)[:120]}"
+            out[name] = f"{type(error).__name__}: {str(error)[:120]}"
         finally:
-            tra.TILES[device.type] = default
-        value = out[f"{impl} {tile}"]
-        check.row("c", f"attention alone [{impl}{'' if tile is None else f' tile {tile[0]} warps {tile[1]}'}]",
-                  "ms fwd + bwd (one layer)", value if isinstance(value, str) else f"{value:.2f}")
+            tra.TILES[device.type], tra.TABLE_GRADIENT = default, default_gradient
+        value = out[name]
+        check.row("c", f"attention alone [{name}]", "ms fwd + bwd (one layer)",
+                  value if isinstance(value, str) else f"{value:.2f}")
     return out
 
 

@@ -18,9 +18,9 @@ Memory: the inputs, the output and one log-sum-exp per query; nothing grows with
 linear in the memory length.
 
 Backward recomputes the probabilities tile by tile from the saved log-sum-exp (two kernels: one per key block for
-dk, dv; one per query block for d(q + u), d(q + v) and the table's gradient dr, whose band rows are added atomically,
-fp32). The mask is read per tile; `key_ranges` bounds each query block's loop to the keys its mask shows (causal:
-the key blocks after the diagonal are never visited).
+dk, dv; one per query block for d(q + u), d(q + v) and the table's gradient dr: each tile stores its band of rows,
+and `sum_bands` adds the bands up, without atomics). The mask is read per tile; `key_ranges` bounds each query
+block's loop to the keys its mask shows (causal: the key blocks after the diagonal are never visited).
 
 Not covered: attention dropout (callers fall back to another implementation), XLNet's two streams, a query row with
 no visible key (the reference gives it uniform weights over every key; this kernel zeros; no mask built by the
@@ -120,6 +120,39 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+# How the backward adds up the position table's gradient: "bands" (each tile stores its band rows, then
+# `sum_bands`: plain stores, deterministic) or "atomic" (fp32 atomic adds into the table, the first version's way).
+# benchmarks/gpu_check.py times both.
+TABLE_GRADIENT = "bands"
+
+
+def sum_bands(bands: torch.Tensor, block: int, shift: int, rlen: int) -> torch.Tensor:
+    """The position table's gradient [H, R, D] from every tile's band of rows, bands [B, H, Qb, Kb, 2 * block, D]
+    (query block q, key block k; zeros for tiles never visited). Tiles with square blocks of `block` rows on one
+    block diagonal d = k - q share their band: table rows base(d) .. base(d) + 2 block - 1, base(d) = d block -
+    (block - 1) + shift. So the bands are summed over the batch and along each diagonal, and then neighbouring
+    diagonals overlap-added (the second half of diagonal d lies on the first half of d + 1); rows outside the table
+    (where the kernel read zeros) are dropped. Example, block 2, Qb = 1, Kb = 2, shift 1: diagonals 0 and 1 cover
+    rows 0..3 and 2..5; rows 2..3 receive both."""
+    heads, blocks_q, blocks_k, width, d_head = bands.shape[1:]
+    if width != 2 * block:
+        raise ValueError(f"bands have {width} rows each; expected 2 * block = {2 * block} (square tiles)")
+    per_tile = bands.sum(0)  # [H, Qb, Kb, 2 block, D]
+    diagonals = per_tile.new_zeros(heads, blocks_q + blocks_k - 1, width, d_head)  # index d + Qb - 1
+    for q in range(blocks_q):
+        diagonals[:, blocks_q - 1 - q: blocks_q - 1 - q + blocks_k] += per_tile[:, q]
+    rows = per_tile.new_zeros(heads, blocks_q + blocks_k, block, d_head)
+    rows[:, :-1] += diagonals[:, :, :block]
+    rows[:, 1:] += diagonals[:, :, block:]
+    rows = rows.flatten(1, 2)  # rows[j] is table row base + j
+    base = -(blocks_q - 1) * block - (block - 1) + shift
+    table = per_tile.new_zeros(heads, rlen, d_head)
+    lo, hi = max(0, base), min(rlen, base + rows.size(1))
+    if lo < hi:
+        table[:, lo:hi] = rows[:, lo - base: hi - base]
+    return table
+
+
 class TritonRelativeAttention(torch.autograd.Function):
     """softmax(((q + u) . k + rel_shift((q + v) . r)) / sqrt(D), masked) @ value by the Triton kernels above.
 
@@ -166,7 +199,10 @@ class TritonRelativeAttention(torch.autograd.Function):
                                                                                              d_head, **f32)
             grad_qu, grad_qv = torch.empty(batch, heads, qlen, d_head, **f32), torch.empty(batch, heads, qlen, d_head,
                                                                                          **f32)
-            grad_r = torch.zeros(heads, rlen, d_head, **f32)
+            n_query_blocks, n_key_blocks = _cdiv(qlen, block_m), _cdiv(klen, block_n)
+            bands = TABLE_GRADIENT == "bands"
+            grad_r = (torch.zeros(batch * heads, n_query_blocks, n_key_blocks, block_m + block_n, d_head, **f32)
+                      if bands else torch.zeros(heads, rlen, d_head, **f32))
             common = (*_strides4(q), *_strides4(key), *_strides4(value), *r.stride(), *u.stride(),
                       *_mask_strides(mask3, ctx.stride_mb), *_range_strides(ranges), *_strides4(grad_out),
                       heads, qlen, klen, rlen, d_head, ctx.shift, (1.0 / math.sqrt(d_head)) * math.log2(math.e))
@@ -174,13 +210,15 @@ class TritonRelativeAttention(torch.autograd.Function):
                         BLOCK_D=max(16, _next_power_of_2(d_head)), PRECISION=_precision(key.dtype),
                         num_warps=warps)
             mask_arg = _mask_arg(mask3, q)
-            n_query_blocks = _cdiv(qlen, block_m)
-            _kernels()[1][(_cdiv(klen, block_n), batch * heads)](
+            _kernels()[1][(n_key_blocks, batch * heads)](
                 q, key, value, r, u, v, mask_arg, ranges, grad_out, lse, delta, grad_key, grad_value, *common,
                 n_query_blocks, **meta)
             _kernels()[2][(n_query_blocks, batch * heads)](
                 q, key, value, r, u, v, mask_arg, ranges, grad_out, lse, delta, grad_qu, grad_qv, grad_r, *common,
-                **meta)
+                n_query_blocks, n_key_blocks, **meta, BANDS=bands)
+            if bands:
+                grad_r = sum_bands(grad_r.view(batch, heads, n_query_blocks, n_key_blocks, block_m + block_n,
+                                               d_head), block_m, shift=ctx.shift, rlen=rlen)
             scale = 1.0 / math.sqrt(d_head)
             grad_qu.mul_(scale)
             grad_qv.mul_(scale)

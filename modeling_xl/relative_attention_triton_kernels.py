@@ -165,13 +165,15 @@ def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU
                             stride_rh, stride_rr, stride_rd, stride_uh, stride_ud,
                             stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
                             stride_ob, stride_oh, stride_ot, stride_od,
-                            heads, qlen, klen, rlen, d_head, shift, scale_log2,
+                            heads, qlen, klen, rlen, d_head, shift, scale_log2, n_query_blocks, n_key_blocks,
                             HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-    """For one query block: d(q + u) = dS k and d(q + v) = dS_band r_band (fp32 [B, H, T, D] each), and the
-    band rows of dr += dS_band^T (q + v) (fp32 [H, R, D], atomic). dS_band is the tile's dS moved back onto
-    the band (the inverse of the diagonal read: entry (a, c) is dS[a, c - (BLOCK_M - 1) + a] where that key
-    exists, else 0)."""
+                            BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, BANDS: tl.constexpr):
+    """For one query block: d(q + u) = dS k and d(q + v) = dS_band r_band (fp32 [B, H, T, D] each), and each
+    tile's band rows of dr = dS_band^T (q + v). dS_band is the tile's dS moved back onto the band (the inverse of
+    the diagonal read: entry (a, c) is dS[a, c - (BLOCK_M - 1) + a] where that key exists, else 0).
+    BANDS: every tile's band is stored whole, with plain stores, into DR = fp32 [B * H, query blocks, key blocks,
+    BLOCK_M + BLOCK_N, D] (the caller sums the bands: `relative_attention_triton.sum_bands`); otherwise the band rows
+    inside the table are added atomically into DR = fp32 [H, R, D]."""
     block, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // heads, bh % heads
     offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -211,9 +213,15 @@ def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU
         ds_band = tl.where(on_tile, tl.gather(ds, band_key, 1), 0.0)  # [BLOCK_M, BLOCK_M + BLOCK_N]
         dq_v += tl.dot(ds_band.to(band.dtype), band, input_precision=PRECISION)
         dr = tl.dot(tl.trans(ds_band.to(q_v.dtype)), q_v, input_precision=PRECISION)  # [band, BLOCK_D]
-        offs_w = band0 + tl.arange(0, BLOCK_M + BLOCK_N)
-        tl.atomic_add(DR + (h * rlen + offs_w[:, None]) * d_head + offs_d[None, :], dr,
-                      mask=((offs_w >= 0) & (offs_w < rlen))[:, None] & d_ok[None, :])
+        offs_c = tl.arange(0, BLOCK_M + BLOCK_N)
+        if BANDS:
+            tile = (bh * n_query_blocks + block) * n_key_blocks + start // BLOCK_N
+            tl.store(DR + (tile * (BLOCK_M + BLOCK_N) + offs_c[:, None]) * d_head + offs_d[None, :], dr,
+                     mask=d_ok[None, :])
+        else:
+            offs_w = band0 + offs_c
+            tl.atomic_add(DR + (h * rlen + offs_w[:, None]) * d_head + offs_d[None, :], dr,
+                          mask=((offs_w >= 0) & (offs_w < rlen))[:, None] & d_ok[None, :])
     offs = (bh * qlen + offs_m[:, None]) * d_head + offs_d[None, :]
     ok = m_ok[:, None] & d_ok[None, :]
     tl.store(DQU + offs, dq_u, mask=ok)

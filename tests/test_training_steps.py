@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerFast
 from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 from modeling_xl.data.pretraining import plm_data_from_tokens
 from modeling_xl.data.sources import StreamLayout
+from modeling_xl.memory import carry_memory
 from modeling_xl.training import (
     NonFiniteLossError,
     data_from_tokens,
@@ -26,6 +27,7 @@ from modeling_xl.training import (
     objectives,
     parse_args,
     run_pretraining,
+    steps,
     train_step,
 )
 from modeling_xl.training.plm_objective import plm_rows
@@ -93,6 +95,58 @@ def test_accumulation_over_stream_chunks_equals_the_full_batch():
         for a, b in zip(params, full_params):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(a, b) for a, b in zip(full_params, model.parameters()))  # it did train
+
+
+def test_memory_is_carried_in_the_same_tensors_once_full_with_the_losses_of_fresh_ones(monkeypatch):
+    """Once the memory is full (mem_len 12, segments of 8: from the second step), every step writes it into the
+    tensors the step before kept: same storage (what a captured CUDA graph reads), same losses and weights as
+    keeping each step's new tensors."""
+    accelerator = Accelerator(cpu=True)
+    config = TransformerXLConfig.from_preset("debug", vocab_size=60, mem_len=12, dropout=0.0, dropatt=0.0)
+    model = TransformerXLForCausalLM(config)
+    tokens = torch.randint(0, 60, (4, 5 * 8 + 1), generator=torch.Generator().manual_seed(0))
+    batches = [{"input_ids": tokens[:, 8 * t: 8 * t + 8], "next_token_labels": tokens[:, 8 * t + 1: 8 * t + 9]}
+               for t in range(5)]
+
+    def train(carried: bool):
+        if not carried:
+            monkeypatch.setattr(steps, "carry_memory", lambda kept, new: new)
+        trained = copy.deepcopy(model)
+        optimizer = torch.optim.SGD(trained.parameters(), lr=0.5)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        memories, losses, storage = [None, None], [], []
+        for t, batch in enumerate(batches):
+            losses.append(train_step(accelerator, trained, optimizer, scheduler, dict(batch), memories,
+                                     objective=clm_objective, target_count=objectives._clm_targets,
+                                     max_grad_norm=0.0, step=t))
+            storage.append([m for chunk in memories for m in chunk])  # kept alive: no address is reused
+        monkeypatch.undo()
+        return losses, storage, [m.clone() for chunk in memories for m in chunk], list(trained.parameters())
+
+    losses, storage, memory, params = train(carried=True)
+    fresh_losses, fresh_storage, fresh_memory, fresh_params = train(carried=False)
+    assert [{m.shape[1] for m in step} for step in storage] == [{8}, {12}, {12}, {12}, {12}]
+
+    def addresses(step):
+        return [m.data_ptr() for m in step]
+
+    assert addresses(storage[1]) == addresses(storage[2]) == addresses(storage[4]) != addresses(storage[0])
+    assert not set(addresses(fresh_storage[2])) & set(addresses(fresh_storage[4]))  # new tensors at every step
+    assert losses == fresh_losses
+    for a, b in zip(memory + params, fresh_memory + fresh_params):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_carry_memory_writes_in_place_only_where_the_new_memory_fits():
+    kept = (torch.zeros(2, 4, 3), torch.zeros(2, 4, 3))
+    new = (torch.ones(2, 4, 3), torch.full((2, 4, 3), 2.0))
+    assert carry_memory(kept, new) is kept and torch.equal(kept[1], new[1])
+    longer = (torch.ones(2, 6, 3), torch.ones(2, 6, 3))
+    assert carry_memory(kept, longer) is longer  # still filling: the new tensors are kept
+    assert carry_memory(None, new) is new and carry_memory(kept, None) is None  # first step; no memory
+    assert carry_memory(kept, tuple(t.double() for t in new))[0].dtype == torch.float64
+    aliased = tuple(k.view_as(k) for k in kept)
+    assert carry_memory(kept, aliased) is aliased  # the same storage: never copied over itself
 
 
 # ---------------------------------------------------------------- NaN guard

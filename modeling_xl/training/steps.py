@@ -11,6 +11,7 @@ from contextlib import nullcontext
 
 import torch
 
+from ..memory import carry_memory
 from .accumulation import chunk_loss_weight, chunk_slices
 
 
@@ -40,9 +41,10 @@ def train_step(accelerator, model, optimizer, scheduler, batch: dict, memories: 
                max_grad_norm: float, step: int) -> float:
     """Forward/backward every chunk with its memory, check the global loss, clip, step. Returns the global mean loss.
 
-    `memories[c]` is replaced by chunk c's new memory. Gradients are synchronised only after the last chunk (DDP
-    `no_sync` on the others); each chunk's NLL sum is weighted by W / (global targets) (see `chunk_loss_weight`), so the
-    update equals the one of the full global batch in one piece.
+    `memories[c]` becomes chunk c's new memory, written into the old one's tensors once the memory is full
+    (`memory.carry_memory`: fixed addresses for a captured step). Gradients are synchronised only after the last chunk
+    (DDP `no_sync` on the others); each chunk's NLL sum is weighted by W / (global targets) (see `chunk_loss_weight`),
+    so the update equals the one of the full global batch in one piece.
     """
     rows = next(iter(batch.values())).shape[0]
     slices = chunk_slices(rows, len(memories))
@@ -52,8 +54,9 @@ def train_step(accelerator, model, optimizer, scheduler, batch: dict, memories: 
     for c, chunk in enumerate(slices):
         sync = c == len(slices) - 1
         with nullcontext() if sync else accelerator.no_sync(model):
-            nll, _, memories[c] = objective(model, select_rows(batch, chunk), memories[c])
+            nll, _, new_memory = objective(model, select_rows(batch, chunk), memories[c])
             accelerator.backward(nll * weight)
+        memories[c] = carry_memory(memories[c], new_memory)  # after the backward that read it: fixed storage
         local_nll += nll.detach().double()
     loss = float(accelerator.reduce(local_nll.reshape(1), reduction="sum")) / global_targets
     if not math.isfinite(loss):
