@@ -15,9 +15,10 @@ Sections (each runs on its own: a failure is recorded in the table and the JSON,
       last 50 steps of each must lie within 3% of fp32's, and every 20-step mean within 5%.
   (c) training tokens/s, peak memory and MFU at `wt103-base` sizes (batch 32, tgt 192, mem 192, bf16 autocast,
       Adam, clip 0.25): ours for each attention path ("eager", "sdpa", "triton"; "sdpa" also in fp32 with TF32),
-      our permutation LM and transformers' XLNet at equal size (vocabulary 32,000, seq 192, reuse 96, 32
-      predictions), GPT-2 at equal size (full softmax over the same 267,735 words, 192 positions). Token ids are
-      Zipf-distributed (s = 1) over the vocabulary. MFU = counted matrix-product FLOPs of one step
+      our permutation LM (SDPA; and the Triton two-stream kernel, which has no attention dropout, with dropatt 0)
+      and transformers' XLNet at equal size (vocabulary 32,000, seq 192, reuse 96, 32 predictions), GPT-2 at equal
+      size (full softmax over the same 267,735 words, 192 positions). Token ids are Zipf-distributed (s = 1) over the
+      vocabulary. MFU = counted matrix-product FLOPs of one step
       (FlopCounterMode; ours on its "sdpa" path, which the Triton path equals in maths) x tokens/s / the bf16 rate of
       an 8192^3 torch.mm measured in this run. NVIDIA's A100 anchor: 59,961 tokens/s (AMP), 41,527 (TF32).
   (d) evaluation at tgt 128 / mem 1600 / clamp 1000, same_length (the paper's wt103-large setting, on the
@@ -481,6 +482,7 @@ def plm_sides(check, sizes: dict) -> dict:
     from transformers import XLNetConfig, XLNetLMHeadModel
 
     from modeling_xl.modeling_permutation_lm import TransformerXLForPermutationLM
+    from modeling_xl.relative_attention_triton import available as triton_available
     from modeling_xl.xlnet_conversion import from_xlnet
 
     device = check.device
@@ -492,17 +494,22 @@ def plm_sides(check, sizes: dict) -> dict:
                                          attn_type="bi", mem_len=sizes["wt_mem"], reuse_len=reuse, dropout=0.1,
                                          use_mems_train=True, **base))
     ours = from_xlnet(TransformerXLForPermutationLM, xlnet)
+    sides = [("ours (permutation LM)", ours), ("transformers XLNet", xlnet)]
+    if triton_available(device.type):  # the Triton kernel has no attention dropout: this side runs without it
+        ours_triton = from_xlnet(TransformerXLForPermutationLM, xlnet, dropatt=0.0)
+        ours_triton.set_attn_implementation("triton")
+        sides.append(("ours (permutation LM) [triton, dropatt 0]", ours_triton))
     ids = zipf_ids(sizes["plm_vocab"] - 2, batch * 9 * seq)
     batches = [{k: v.to(device) for k, v in b.items()} for b in plm_batches(
         8, sizes["plm_vocab"], batch=batch, seq_len=seq, reuse_len=reuse, num_predict=sizes["plm_predict"],
         perm_size=reuse, ids=ids)]
     out = {}
-    for name, model in (("ours (permutation LM)", ours), ("transformers XLNet", xlnet)):
+    for name, model in sides:
         model.to(device).train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=device.type == "cuda")
         state = {"mems": None, "i": 0}
 
-        def step(model=model, optimizer=optimizer, state=state, ours_side=model is ours):
+        def step(model=model, optimizer=optimizer, state=state, ours_side=model is not xlnet):
             b = batches[state["i"] % len(batches)]
             state["i"] += 1
             extra = dict(target_mask=b["target_mask"], reuse_len=reuse) if ours_side else {}
@@ -556,8 +563,8 @@ def gpt2_side(check, sizes: dict) -> dict:
 def attention_timing(check: Check, sizes: dict) -> dict:
     """Milliseconds of one attention call, forward + backward, at the training shape of (c) (wt103-base: 10 heads
     of 41, tgt = mem = 192, batch 32, causal, bf16 on CUDA): SDPA with the position bias, and the Triton kernel at
-    each tile size (`relative_attention_triton.TILES`) with each way of adding up the table's gradient
-    (`TABLE_GRADIENT`: per-tile bands summed after, or fp32 atomics)."""
+    each tile size (`relative_attention_triton.CANDIDATES`, and the one autotuning picks, timed afresh) with each way
+    of adding up the table's gradient (`TABLE_GRADIENT`: per-tile bands summed after, or fp32 atomics)."""
     from modeling_xl import relative_attention_triton as tra
     from modeling_xl.kernel_registry import kernel
     from modeling_xl.relative_attention import causal_mask, relative_attention
@@ -569,17 +576,19 @@ def attention_timing(check: Check, sizes: dict) -> dict:
     inputs = attention_inputs(device, dtype, batch, heads, qlen, mlen, d_head)
     mask = causal_mask(qlen, mlen, device=device)
     grad = torch.randn(batch, heads, qlen, d_head, device=device, dtype=dtype)
-    tiles = [(64, 4), (64, 8), (32, 4), (32, 2), (128, 8)] if device.type == "cuda" else [tra.TILES["cpu"]]
+    tiles = ["autotune", *tra.CANDIDATES["cuda"]] if device.type == "cuda" else ["autotune", tra.TILES["cpu"]]
     configs = [("sdpa", None, None)] + ([("triton", t, g) for t in tiles for g in ("bands", "atomic")]
                                         if tra.available(device.type) else [])
     default, default_gradient, out = tra.TILES.get(device.type), tra.TABLE_GRADIENT, {}
     for impl, tile, table_gradient in configs:
         if tile is not None:
             tra.TILES[device.type], tra.TABLE_GRADIENT = tile, table_gradient
+        chosen_before, tra.CHOSEN = tra.CHOSEN, {}
 
         attention = kernel(f"relative_attention.{impl}", device.type) or relative_attention
 
-        name = impl if tile is None else f"{impl} tile {tile[0]} warps {tile[1]} table gradient {table_gradient}"
+        tile_name = tile if tile in (None, "autotune") else f"{tile[0]} warps {tile[1]}"
+        name = impl if tile is None else f"{impl} tile {tile_name} table gradient {table_gradient}"
 
         def call():
             result, _ = attention(*inputs, mask, qlen - 1)
@@ -597,7 +606,10 @@ def attention_timing(check: Check, sizes: dict) -> dict:
             out[name] = f"{type(error).__name__}: {str(error)[:120]}"
         finally:
             tra.TILES[device.type], tra.TABLE_GRADIENT = default, default_gradient
+            chosen, tra.CHOSEN = list(tra.CHOSEN.values()), {**chosen_before, **tra.CHOSEN}
         value = out[name]
+        if tile == "autotune" and chosen:
+            name = f"{name}: chose {chosen[0]}"
         check.row("c", f"attention alone [{name}]", "ms fwd + bwd (one layer)",
                   value if isinstance(value, str) else f"{value:.2f}")
     return out

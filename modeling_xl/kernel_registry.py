@@ -18,6 +18,7 @@ torch's scaled_dot_product_attention (every device), `_triton` Triton code (CUDA
 | relative_attention.sdpa | same | `relative_attention_sdpa.sdpa_relative_attention`, every device |
 | relative_attention.triton | same | `relative_attention_triton.triton_relative_attention` (flash-style), cuda; cpu under TRITON_INTERPRET=1 |
 | biased_attention.fused / .sdpa | `relative_attention.masked_softmax_attention` | `relative_attention_cpu.fused_biased_attention`, cpu; `relative_attention_sdpa.sdpa_attention`, every device |
+| two_stream_attention.triton | `two_stream_attention.two_stream_attention` | `two_stream_attention_triton.triton_two_stream_attention` (flash-style), cuda; cpu under TRITON_INTERPRET=1 |
 | shifted_position_scores | `rel_shift((q + v) r^T)` | `position_scores_fused.shifted_position_scores` (one node, no padded copy), every device |
 | position_product | `torch.matmul(q_v, r^T)` | `position_scores_fused.position_product` (per head, r never copied per row), every device |
 | tied_table_gradient | - | `adaptive_softmax_fused.deferring_table_gradient`: a context for one LM forward in which the tied table's gradient is deferred to its lookup, every device |
@@ -33,7 +34,7 @@ literally.
 | requested (`config._attn_implementation`) | where | runs |
 |---|---|---|
 | "eager", or `output_attentions` | everywhere | "eager": the reference, the only path that keeps the probabilities |
-| "triton" | Transformer-XL's one stream, no attention dropout, triton installed, CUDA (CPU: TRITON_INTERPRET=1) | "triton" |
+| "triton" | no attention dropout, triton installed, CUDA (CPU: TRITON_INTERPRET=1) | "triton" (XLNet's two streams: "sdpa" where query rows repeat a position) |
 | "triton" elsewhere, "sdpa", or nothing | not the CPU | "sdpa" |
 | the same | the CPU, with gradients or attention dropout, not under torch.compile | "fused" (OVERRIDES "sdpa") |
 | the same | the CPU otherwise (no gradients and no dropout, or compiling) | "sdpa" |
@@ -78,6 +79,7 @@ from .relative_attention_cpu import fused_biased_attention, fused_relative_atten
 from .relative_attention_sdpa import sdpa_attention, sdpa_relative_attention
 from .relative_attention_triton import available as triton_available
 from .relative_attention_triton import triton_relative_attention
+from .two_stream_attention_triton import triton_two_stream_attention
 
 ANY = "*"  # a kernel for every device type
 
@@ -90,6 +92,7 @@ REGISTRY: dict[str, dict[str, Callable]] = {
     "relative_attention.triton": {"cuda": triton_relative_attention, "cpu": triton_relative_attention},
     "biased_attention.fused": {"cpu": fused_biased_attention},
     "biased_attention.sdpa": {ANY: sdpa_attention},
+    "two_stream_attention.triton": {"cuda": triton_two_stream_attention, "cpu": triton_two_stream_attention},
     "shifted_position_scores": {ANY: shifted_position_scores},
     "position_product": {ANY: position_product},
     "tied_table_gradient": {ANY: deferring_table_gradient},
@@ -143,10 +146,10 @@ REQUESTABLE = ("eager", "sdpa", "triton")
 def attention_implementation(requested: str | None, dropout_p: float, output_attentions: bool,
                              device_type: str = "cpu", streams: bool = False) -> str:
     """"eager", "fused", "sdpa" or "triton": the attention policy of the module docstring. `requested` is
-    `config._attn_implementation`; `streams`: XLNet's two streams (which the Triton kernel does not cover)."""
+    `config._attn_implementation`; `streams`: XLNet's two streams."""
     if requested == "eager" or output_attentions:
         return "eager"
-    if requested == "triton" and not streams and dropout_p == 0 and triton_available(device_type):
+    if requested == "triton" and dropout_p == 0 and triton_available(device_type):
         return "triton"
     if device_type != "cpu":
         return "sdpa"
@@ -160,9 +163,13 @@ def attention_kernel(requested: str | None, dropout_p: float, output_attentions:
     """The one lookup of the attention: (implementation, its kernel), the kernel None for "eager" (or where none is
     registered, or inside `reference_only()`): the caller then runs its reference. One stream's kernels are
     "relative_attention.*" (arguments of `relative_attention.relative_attention`), two streams' "biased_attention.*"
-    (arguments of `relative_attention.masked_softmax_attention` with the score terms summed into one bias)."""
+    (arguments of `relative_attention.masked_softmax_attention` with the score terms summed into one bias), or for
+    "triton" "two_stream_attention.triton" (arguments of `two_stream_attention.two_stream_attention`)."""
     implementation = attention_implementation(requested, dropout_p, output_attentions, device_type, streams)
     if implementation == "eager":
         return implementation, None
-    family = "biased_attention" if streams else "relative_attention"
+    if streams:
+        family = "two_stream_attention" if implementation == "triton" else "biased_attention"
+    else:
+        family = "relative_attention"
     return implementation, kernel(f"{family}.{implementation}", device_type)

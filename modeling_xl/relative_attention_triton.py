@@ -22,10 +22,14 @@ dk, dv; one per query block for d(q + u), d(q + v) and the table's gradient dr: 
 and `sum_bands` adds the bands up, without atomics). The mask is read per tile; `key_ranges` bounds each query
 block's loop to the keys its mask shows (causal: the key blocks after the diagonal are never visited).
 
-Not covered: attention dropout (callers fall back to another implementation), XLNet's two streams, a query row with
-no visible key (the reference gives it uniform weights over every key; this kernel zeros; no mask built by the
-backbones has such a row: a query always sees its own key). Tested against the reference with `TRITON_INTERPRET=1`
-on the CPU (tests/test_triton_attention.py) and on CUDA by `benchmarks/gpu_check.py`.
+XLNet's segment term (Sec. 2.5) is one more score term, (q_i + s) . e[seg_i != seg_j]: the two products per query
+come in as `seg` [B, H, T, 2] (computed by torch, so their gradient reaches q, s and e through autograd), and the
+kernel picks one per key by the segment mismatch [B, T, K]. `two_stream_attention_triton` runs XLNet's two streams
+on this kernel. A query row with no visible key weighs every key alike, as the reference does (its scores are all
+the same finite minimum).
+
+Not covered: attention dropout (callers fall back to another implementation). Tested against the reference with
+`TRITON_INTERPRET=1` on the CPU (tests/test_triton_attention.py) and on CUDA by `benchmarks/gpu_check.py`.
 """
 
 from __future__ import annotations
@@ -90,15 +94,66 @@ def _mask_3d(mask: torch.Tensor | None, batch: int, qlen: int, klen: int) -> tup
     return mask, (0 if mask.size(0) == 1 else qlen * klen)
 
 
-# Tiles (BLOCK_M = BLOCK_N, num_warps) per device type: 64 x 64 on a GPU (benchmarks/gpu_check.py times the others);
-# the interpreter (CPU tests) uses the smallest tiles tl.dot takes, so that small test shapes cross several blocks.
-TILES = {"cuda": (64, 4), "cpu": (16, 1)}
+# Tiles (BLOCK_M = BLOCK_N, num_warps) per device type, or "autotune": the first call of each shape times every
+# candidate of CANDIDATES (forward and backward on that call's inputs) and keeps the fastest (`choose_tile`). The
+# interpreter (CPU tests) uses the smallest tiles tl.dot takes, so that small test shapes cross several blocks.
+TILES = {"cuda": "autotune", "cpu": (16, 1)}
+CANDIDATES = {"cuda": [(64, 4), (64, 8), (32, 4), (32, 2), (128, 8)], "cpu": [(16, 1), (32, 1)]}
+CHOSEN: dict[tuple, tuple[int, int]] = {}  # shape -> the tile autotuning chose for it
+TIMED_CALLS = 3  # forward + backward calls timed per candidate (after one untimed call that compiles it)
 
 
-def _tiles(device_type: str) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps)."""
-    block, warps = TILES.get(device_type, TILES["cuda"])
-    return block, block, warps
+def choose_tile(q, u, v, key, value, r, mask3, stride_mb: int, shift: int, seg=None, mismatch=None) -> tuple[int, int]:
+    """(block, num_warps) for this call: TILES' setting for the device, or under "autotune" the fastest candidate for
+    this shape (batch, heads, lengths, head width, dtype, mask shape, TABLE_GRADIENT), timed once per shape and
+    remembered in CHOSEN. Inside a CUDA graph capture, where nothing may be timed, an untimed shape takes the first
+    candidate. Candidates the compiler refuses (registers, shared memory) are skipped."""
+    device = q.device.type
+    setting = TILES.get(device, TILES["cuda"])
+    if setting != "autotune":
+        return setting
+    shape = (device, tuple(q.shape), key.size(2), r.size(1), key.dtype, mask3 is None or tuple(mask3.shape),
+             seg is None, TABLE_GRADIENT)
+    if shape not in CHOSEN:
+        candidates = CANDIDATES.get(device, CANDIDATES["cuda"])
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            return candidates[0]
+        CHOSEN[shape] = _fastest(candidates, (q, u, v, key, value, r, mask3, stride_mb, shift, seg, mismatch))
+    return CHOSEN[shape]
+
+
+def _fastest(candidates: list[tuple[int, int]], inputs: tuple) -> tuple[int, int]:
+    import time
+
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    q = inputs[0]
+    grad_out = torch.randn(q.shape, dtype=q.dtype, device=q.device)
+    timings, refused = {}, {}
+    for tile in candidates:
+        def call():
+            out, lse, ranges = launch_forward(*inputs, tile)
+            launch_backward(*inputs, ranges, out, lse, grad_out, tile)
+
+        try:
+            call()
+            _synchronize(q.device)
+            begin = time.perf_counter()
+            for _ in range(TIMED_CALLS):
+                call()
+            _synchronize(q.device)
+            timings[tile] = time.perf_counter() - begin
+        except (OutOfResources, CompilationError) as error:
+            refused[tile] = f"{type(error).__name__}: {error}"
+    if not timings:
+        raise RuntimeError(f"no tile of {candidates} ran the Triton relative attention here: {refused}")
+    return min(timings, key=timings.get)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -153,79 +208,106 @@ def sum_bands(bands: torch.Tensor, block: int, shift: int, rlen: int) -> torch.T
     return table
 
 
+def launch_forward(q, u, v, key, value, r, mask3, stride_mb: int, shift: int, seg, mismatch, tile: tuple[int, int]):
+    """The forward kernel on inputs already in one dtype (r contiguous, the mask from `_mask_3d`; seg fp32
+    [B * H, T, 2] and mismatch bytes [B, T, K], contiguous, or None): returns (out [B, H, T, D], the log-sum-exp per
+    query fp32 [B * H, T], the key ranges of the tile's query blocks)."""
+    (batch, heads, qlen, d_head), klen, rlen = q.shape, key.size(2), r.size(1)
+    block, warps = tile
+    ranges = key_ranges(mask3, batch, qlen, klen, block)
+    out = torch.empty(batch, qlen, heads, d_head, dtype=key.dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty(batch * heads, qlen, dtype=torch.float32, device=q.device)
+    _kernels()[0][(_cdiv(qlen, block), batch * heads)](
+        q, key, value, r, u, v, _mask_arg(mask3, q), ranges, out, lse, *_segment_args(seg, mismatch, lse),
+        *_strides4(q), *_strides4(key), *_strides4(value), *r.stride(), *u.stride(),
+        *_mask_strides(mask3, stride_mb), *_range_strides(ranges),
+        *_strides4(out), heads, qlen, klen, rlen, d_head, shift, (1.0 / math.sqrt(d_head)) * math.log2(math.e),
+        HAS_MASK=mask3 is not None, HAS_SEG=seg is not None, BLOCK_M=block, BLOCK_N=block,
+        BLOCK_D=max(16, _next_power_of_2(d_head)), PRECISION=_precision(key.dtype), num_warps=warps)
+    return out, lse, ranges
+
+
+def _segment_args(seg, mismatch, placeholder) -> tuple[torch.Tensor, torch.Tensor]:
+    """(SEG, MIS) for the kernels: the segment products and the mismatch as bytes, or placeholder pointers."""
+    if seg is None:
+        return placeholder, placeholder
+    return seg, mismatch.view(torch.uint8)
+
+
+def launch_backward(q, u, v, key, value, r, mask3, stride_mb: int, shift: int, seg, mismatch, ranges, out, lse,
+                    grad_out, tile: tuple[int, int]) -> tuple[torch.Tensor | None, ...]:
+    """The two backward kernels (and `sum_bands`): the gradients of (q, u, v, key, value, r, seg) in fp32 (that of
+    seg None without one)."""
+    (batch, heads, qlen, d_head), klen, rlen = q.shape, key.size(2), r.size(1)
+    block, warps = tile
+    delta = (grad_out.float() * out.float()).sum(-1).reshape(batch * heads, qlen).contiguous()
+    f32 = dict(dtype=torch.float32, device=q.device)
+    grad_key, grad_value = (torch.empty(batch, heads, klen, d_head, **f32) for _ in range(2))
+    grad_qu, grad_qv = (torch.empty(batch, heads, qlen, d_head, **f32) for _ in range(2))
+    n_query_blocks, n_key_blocks = _cdiv(qlen, block), _cdiv(klen, block)
+    bands = TABLE_GRADIENT == "bands"
+    grad_r = (torch.zeros(batch * heads, n_query_blocks, n_key_blocks, 2 * block, d_head, **f32)
+              if bands else torch.zeros(heads, rlen, d_head, **f32))
+    common = (*_strides4(q), *_strides4(key), *_strides4(value), *r.stride(), *u.stride(),
+              *_mask_strides(mask3, stride_mb), *_range_strides(ranges), *_strides4(grad_out),
+              heads, qlen, klen, rlen, d_head, shift, (1.0 / math.sqrt(d_head)) * math.log2(math.e))
+    meta = dict(HAS_MASK=mask3 is not None, HAS_SEG=seg is not None, BLOCK_M=block, BLOCK_N=block,
+                BLOCK_D=max(16, _next_power_of_2(d_head)), PRECISION=_precision(key.dtype), num_warps=warps)
+    mask_arg, segment = _mask_arg(mask3, q), _segment_args(seg, mismatch, lse)
+    grad_seg = torch.empty(batch * heads, qlen, 2, **f32) if seg is not None else None
+    _kernels()[1][(n_key_blocks, batch * heads)](
+        q, key, value, r, u, v, mask_arg, ranges, grad_out, lse, delta, grad_key, grad_value, *segment, *common,
+        n_query_blocks, **meta)
+    _kernels()[2][(n_query_blocks, batch * heads)](
+        q, key, value, r, u, v, mask_arg, ranges, grad_out, lse, delta, grad_qu, grad_qv, grad_r, *segment,
+        lse if grad_seg is None else grad_seg, *common, n_query_blocks, n_key_blocks, **meta, BANDS=bands)
+    if bands:
+        grad_r = sum_bands(grad_r.view(batch, heads, n_query_blocks, n_key_blocks, 2 * block, d_head), block,
+                           shift=shift, rlen=rlen)
+    scale = 1.0 / math.sqrt(d_head)
+    grad_qu.mul_(scale)
+    grad_qv.mul_(scale)
+    return (grad_qu + grad_qv, grad_qu.sum((0, 2)), grad_qv.sum((0, 2)), grad_key.mul_(scale), grad_value,
+            grad_r.mul_(scale), None if grad_seg is None else grad_seg.mul_(scale).view(batch, heads, qlen, 2))
+
+
 class TritonRelativeAttention(torch.autograd.Function):
     """softmax(((q + u) . k + rel_shift((q + v) . r)) / sqrt(D), masked) @ value by the Triton kernels above.
 
     Inputs as `relative_attention.relative_attention` (no dropout): q [B, H, T, D]; u, v [H, D]; key, value
-    [B, H, K, D]; r [H, R, D]; mask bool [T, K] / [B, 1, T, K] (True = hidden) or None; shift. Everything is computed
-    in the keys' dtype (fp32 accumulation), and gradients come back in each input's own dtype. Saved for backward:
-    the inputs, the output and one log-sum-exp per query."""
+    [B, H, K, D]; r [H, R, D]; mask bool [T, K] / [B, 1, T, K] (True = hidden) or None; shift; and for XLNet's
+    segment term seg [B, H, T, 2] ((q + s) . e_same, (q + s) . e_different) with mismatch bool [B, T, K], or None.
+    Everything is computed in the keys' dtype (seg in fp32; fp32 accumulation), and gradients come back in each
+    input's own dtype. Saved for backward: the inputs, the output and one log-sum-exp per query; the backward uses
+    the forward's tile."""
 
     @staticmethod
-    def forward(ctx, q, u, v, key, value, r, mask, shift: int):
+    def forward(ctx, q, u, v, key, value, r, mask, shift: int, seg=None, mismatch=None):
         dtype = key.dtype
-        ctx.input_dtypes = [t.dtype for t in (q, u, v, key, value, r)]
+        ctx.input_dtypes = [t.dtype for t in (q, u, v, key, value, r)] + [None if seg is None else seg.dtype]
         with torch.autocast(key.device.type, enabled=False):
             q, u, v, value, r = (t.to(dtype) for t in (q, u, v, value, r))
             r = r.contiguous()
-            (batch, heads, qlen, d_head), klen, rlen = q.shape, key.size(2), r.size(1)
-            block_m, block_n, warps = _tiles(q.device.type)
+            batch, heads, qlen, klen = *q.shape[:3], key.size(2)
             mask3, stride_mb = _mask_3d(mask, batch, qlen, klen)
-            ranges = key_ranges(mask3, batch, qlen, klen, block_m)
-            out = torch.empty(batch, qlen, heads, d_head, dtype=dtype, device=q.device).transpose(1, 2)
-            lse = torch.empty(batch * heads, qlen, dtype=torch.float32, device=q.device)
-            grid = (_cdiv(qlen, block_m), batch * heads)
-            _kernels()[0][grid](
-                q, key, value, r, u, v, _mask_arg(mask3, q), ranges, out, lse,
-                *_strides4(q), *_strides4(key), *_strides4(value), *r.stride(), *u.stride(),
-                *_mask_strides(mask3, stride_mb), *_range_strides(ranges),
-                *_strides4(out), heads, qlen, klen, rlen, d_head, shift, (1.0 / math.sqrt(d_head)) * math.log2(math.e),
-                HAS_MASK=mask3 is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-                BLOCK_D=max(16, _next_power_of_2(d_head)), PRECISION=_precision(dtype), num_warps=warps)
-        ctx.save_for_backward(q, u, v, key, value, r, mask3, ranges, out, lse)
-        ctx.shift, ctx.stride_mb = shift, stride_mb
+            if seg is not None:
+                seg = seg.float().reshape(batch * heads, qlen, 2).contiguous()
+                mismatch = mismatch.to(torch.bool).expand(batch, qlen, klen).contiguous()
+            inputs = (q, u, v, key, value, r, mask3, stride_mb, shift, seg, mismatch)
+            tile = choose_tile(*inputs)
+            out, lse, ranges = launch_forward(*inputs, tile)
+        ctx.save_for_backward(q, u, v, key, value, r, mask3, seg, mismatch, ranges, out, lse)
+        ctx.shift, ctx.stride_mb, ctx.tile = shift, stride_mb, tile
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, u, v, key, value, r, mask3, ranges, out, lse = ctx.saved_tensors
+        q, u, v, key, value, r, mask3, seg, mismatch, ranges, out, lse = ctx.saved_tensors
         with torch.autocast(grad_out.device.type, enabled=False):
-            grad_out = grad_out.to(key.dtype)
-            (batch, heads, qlen, d_head), klen, rlen = q.shape, key.size(2), r.size(1)
-            block_m, block_n, warps = _tiles(q.device.type)
-            delta = (grad_out.float() * out.float()).sum(-1).reshape(batch * heads, qlen).contiguous()
-            f32 = dict(dtype=torch.float32, device=q.device)
-            grad_key, grad_value = torch.empty(batch, heads, klen, d_head, **f32), torch.empty(batch, heads, klen,
-                                                                                             d_head, **f32)
-            grad_qu, grad_qv = torch.empty(batch, heads, qlen, d_head, **f32), torch.empty(batch, heads, qlen, d_head,
-                                                                                         **f32)
-            n_query_blocks, n_key_blocks = _cdiv(qlen, block_m), _cdiv(klen, block_n)
-            bands = TABLE_GRADIENT == "bands"
-            grad_r = (torch.zeros(batch * heads, n_query_blocks, n_key_blocks, block_m + block_n, d_head, **f32)
-                      if bands else torch.zeros(heads, rlen, d_head, **f32))
-            common = (*_strides4(q), *_strides4(key), *_strides4(value), *r.stride(), *u.stride(),
-                      *_mask_strides(mask3, ctx.stride_mb), *_range_strides(ranges), *_strides4(grad_out),
-                      heads, qlen, klen, rlen, d_head, ctx.shift, (1.0 / math.sqrt(d_head)) * math.log2(math.e))
-            meta = dict(HAS_MASK=mask3 is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-                        BLOCK_D=max(16, _next_power_of_2(d_head)), PRECISION=_precision(key.dtype),
-                        num_warps=warps)
-            mask_arg = _mask_arg(mask3, q)
-            _kernels()[1][(n_key_blocks, batch * heads)](
-                q, key, value, r, u, v, mask_arg, ranges, grad_out, lse, delta, grad_key, grad_value, *common,
-                n_query_blocks, **meta)
-            _kernels()[2][(n_query_blocks, batch * heads)](
-                q, key, value, r, u, v, mask_arg, ranges, grad_out, lse, delta, grad_qu, grad_qv, grad_r, *common,
-                n_query_blocks, n_key_blocks, **meta, BANDS=bands)
-            if bands:
-                grad_r = sum_bands(grad_r.view(batch, heads, n_query_blocks, n_key_blocks, block_m + block_n,
-                                               d_head), block_m, shift=ctx.shift, rlen=rlen)
-            scale = 1.0 / math.sqrt(d_head)
-            grad_qu.mul_(scale)
-            grad_qv.mul_(scale)
-            grad_q = grad_qu + grad_qv
-            grads = (grad_q, grad_qu.sum((0, 2)), grad_qv.sum((0, 2)), grad_key.mul_(scale), grad_value,
-                     grad_r.mul_(scale))
-        return (*(g.to(dtype) for g, dtype in zip(grads, ctx.input_dtypes)), None, None)
+            grads = launch_backward(q, u, v, key, value, r, mask3, ctx.stride_mb, ctx.shift, seg, mismatch, ranges,
+                                    out, lse, grad_out.to(key.dtype), ctx.tile)
+        grads = [None if g is None else g.to(dtype) for g, dtype in zip(grads, ctx.input_dtypes)]
+        return (*grads[:6], None, None, grads[6], None)
 
 
 def _mask_arg(mask3: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:

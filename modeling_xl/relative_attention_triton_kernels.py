@@ -5,6 +5,10 @@ test before that point takes effect, and `import modeling_xl` never pays for imp
 Tile of BLOCK_M queries (from i0) and BLOCK_N keys (from j0): query a meets key b on table row
 band0 + (b - a + BLOCK_M - 1), band0 = j0 - i0 - (BLOCK_M - 1) + shift; the tile reads the band of rows
 band0 .. band0 + BLOCK_M + BLOCK_N - 1. Scores are kept in the log2 domain (scale_log2 = log2(e) / sqrt(D)).
+A hidden key scores HIDDEN (finite, as the reference's finfo.min): a query that sees no key at all then weighs every
+key alike, as the reference does; keys past the end score -inf. With HAS_SEG, XLNet's segment term is added: SEG
+holds (q + s) . e_same and (q + s) . e_different per query (fp32 [B * H, T, 2]), MIS whether query i and key j lie in
+different segments (bytes [B, T, K]).
 """
 
 from __future__ import annotations
@@ -16,14 +20,24 @@ except ImportError:  # pragma: no cover - the caller checks `available()` first
     triton = None
     tl = None
 
+HIDDEN = -1e30  # the score of a hidden key, log2 domain
+
+
+@triton.jit
+def tile_mismatch(mis_base, offs_m, offs_n, qlen, klen):
+    """Whether query i and key j of the tile lie in different segments (bool [BLOCK_M, BLOCK_N])."""
+    inside = (offs_m < qlen)[:, None] & (offs_n < klen)[None, :]
+    return tl.load(mis_base + offs_m[:, None] * klen + offs_n[None, :], mask=inside, other=0) != 0
+
 
 @triton.jit
 def tile_scores(q_u, q_v, k_ptrs, r_base, offs_m, offs_n, offs_d, band0, mask_base, stride_mq, stride_mk,
-                stride_rr, stride_rd, qlen, klen, rlen, d_head, HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr,
+                stride_rr, stride_rd, qlen, klen, rlen, d_head, seg_base, mis_base, scale_log2,
+                HAS_MASK: tl.constexpr, HAS_SEG: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-    """Scores of one tile, unscaled: (q + u) . k + band diagonals of (q + v) . r; and which entries are visible.
-    Returns (scores [BLOCK_M, BLOCK_N] fp32, visible bool, the key tile [BLOCK_N, BLOCK_D], the band
-    [BLOCK_M + BLOCK_N, BLOCK_D])."""
+    """Scores of one tile in the log2 domain: ((q + u) . k + band diagonals of (q + v) . r [+ the segment term])
+    x scale_log2, HIDDEN where the key is hidden, -inf outside the tensors. Returns (scores [BLOCK_M, BLOCK_N] fp32,
+    visible bool, the key tile [BLOCK_N, BLOCK_D], the band [BLOCK_M + BLOCK_N, BLOCK_D])."""
     d_ok = offs_d < d_head
     key = tl.load(k_ptrs, mask=(offs_n < klen)[:, None] & d_ok[None, :], other=0.0)
     scores = tl.dot(q_u, tl.trans(key), input_precision=PRECISION)
@@ -33,12 +47,26 @@ def tile_scores(q_u, q_v, k_ptrs, r_base, offs_m, offs_n, offs_d, band0, mask_ba
     band_scores = tl.dot(q_v, tl.trans(band), input_precision=PRECISION)  # [BLOCK_M, BLOCK_M + BLOCK_N]
     diagonal = tl.arange(0, BLOCK_N)[None, :] - tl.arange(0, BLOCK_M)[:, None] + (BLOCK_M - 1)
     scores += tl.gather(band_scores, diagonal, 1)
-    visible = (offs_m < qlen)[:, None] & (offs_n < klen)[None, :]
+    inside = (offs_m < qlen)[:, None] & (offs_n < klen)[None, :]
+    if HAS_SEG:
+        same = tl.load(seg_base + offs_m * 2, mask=offs_m < qlen, other=0.0)
+        different = tl.load(seg_base + offs_m * 2 + 1, mask=offs_m < qlen, other=0.0)
+        scores += tl.where(tile_mismatch(mis_base, offs_m, offs_n, qlen, klen), different[:, None], same[:, None])
+    visible = inside
     if HAS_MASK:
-        hidden = tl.load(mask_base + offs_m[:, None] * stride_mq + offs_n[None, :] * stride_mk, mask=visible,
+        hidden = tl.load(mask_base + offs_m[:, None] * stride_mq + offs_n[None, :] * stride_mk, mask=inside,
                          other=1)
-        visible = visible & (hidden == 0)
-    return scores, visible, key, band
+        visible = inside & (hidden == 0)
+    scores = tl.where(visible, scores * scale_log2, HIDDEN)
+    return tl.where(inside, scores, float("-inf")), visible, key, band
+
+
+@triton.jit
+def probabilities(scores, lse, klen):
+    """A tile's softmax weights from the scores (`tile_scores`) and each query's log-sum-exp: 0 outside the tensors,
+    and 1 / K for every key of a query that sees none (its log-sum-exp, HIDDEN + log2 K, rounds to HIDDEN)."""
+    p = tl.exp2(scores - lse[:, None])
+    return tl.where((lse < HIDDEN / 2)[:, None], p / klen, p)
 
 
 @triton.jit
@@ -55,7 +83,7 @@ def biased_queries(Q, U, VB, b, h, offs_m, offs_d, stride_qb, stride_qh, stride_
 
 
 @triton.jit
-def forward_kernel(Q, K, V, R, U, VB, MASK, RANGES, OUT, LSE,
+def forward_kernel(Q, K, V, R, U, VB, MASK, RANGES, OUT, LSE, SEG, MIS,
                    stride_qb, stride_qh, stride_qt, stride_qd,
                    stride_kb, stride_kh, stride_kt, stride_kd,
                    stride_vb, stride_vh, stride_vt, stride_vd,
@@ -63,7 +91,7 @@ def forward_kernel(Q, K, V, R, U, VB, MASK, RANGES, OUT, LSE,
                    stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
                    stride_ob, stride_oh, stride_ot, stride_od,
                    heads, qlen, klen, rlen, d_head, shift, scale_log2,
-                   HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HAS_MASK: tl.constexpr, HAS_SEG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     block, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // heads, bh % heads
@@ -85,11 +113,11 @@ def forward_kernel(Q, K, V, R, U, VB, MASK, RANGES, OUT, LSE,
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         band0 = start - block * BLOCK_M - (BLOCK_M - 1) + shift
-        scores, visible, _, _ = tile_scores(
+        scores, _, _, _ = tile_scores(
             q_u, q_v, k_base + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd, r_base, offs_m,
             offs_n, offs_d, band0, mask_base, stride_mq, stride_mk, stride_rr, stride_rd, qlen, klen, rlen,
-            d_head, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, PRECISION)
-        scores = tl.where(visible, scores * scale_log2, float("-inf"))
+            d_head, SEG + bh * qlen * 2, MIS + b * qlen * klen, scale_log2, HAS_MASK, HAS_SEG, BLOCK_M, BLOCK_N,
+            BLOCK_D, PRECISION)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(scores - m_safe[:, None])
@@ -108,7 +136,7 @@ def forward_kernel(Q, K, V, R, U, VB, MASK, RANGES, OUT, LSE,
 
 
 @triton.jit
-def backward_keys_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DK, DV,
+def backward_keys_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DK, DV, SEG, MIS,
                          stride_qb, stride_qh, stride_qt, stride_qd,
                          stride_kb, stride_kh, stride_kt, stride_kd,
                          stride_vb, stride_vh, stride_vt, stride_vd,
@@ -116,8 +144,8 @@ def backward_keys_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DK, DV
                          stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
                          stride_ob, stride_oh, stride_ot, stride_od,
                          heads, qlen, klen, rlen, d_head, shift, scale_log2, n_query_blocks,
-                         HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                         HAS_MASK: tl.constexpr, HAS_SEG: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """dv = P^T dO and dk = dS^T (q + u) for one key block, over the query blocks that see it. DK and DV are
     fp32 [B, H, K, D] (contiguous); dS here is P * (dP - delta), unscaled."""
     kblock, bh = tl.program_id(0), tl.program_id(1)
@@ -140,16 +168,16 @@ def backward_keys_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DK, DV
             band0 = kblock * BLOCK_N - block * BLOCK_M - (BLOCK_M - 1) + shift
             scores, visible, _, _ = tile_scores(
                 q_u, q_v, k_ptrs, R + h * stride_rh, offs_m, offs_n, offs_d, band0, MASK + b * stride_mb,
-                stride_mq, stride_mk, stride_rr, stride_rd, qlen, klen, rlen, d_head, HAS_MASK, BLOCK_M, BLOCK_N,
-                BLOCK_D, PRECISION)
+                stride_mq, stride_mk, stride_rr, stride_rd, qlen, klen, rlen, d_head, SEG + bh * qlen * 2,
+                MIS + b * qlen * klen, scale_log2, HAS_MASK, HAS_SEG, BLOCK_M, BLOCK_N, BLOCK_D, PRECISION)
             lse = tl.load(LSE + bh * qlen + offs_m, mask=m_ok, other=float("inf"))
-            p = tl.where(visible, tl.exp2(scores * scale_log2 - lse[:, None]), 0.0)
+            p = probabilities(scores, lse, klen)
             grad_out = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot
                                + offs_d[None, :] * stride_od, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
             dv += tl.dot(tl.trans(p.to(grad_out.dtype)), grad_out, input_precision=PRECISION)
             delta = tl.load(DELTA + bh * qlen + offs_m, mask=m_ok, other=0.0)
             dp = tl.dot(grad_out, tl.trans(value), input_precision=PRECISION)
-            ds = p * (dp - delta[:, None])
+            ds = tl.where(visible, p * (dp - delta[:, None]), 0.0)  # a hidden key's score has no gradient
             dk += tl.dot(tl.trans(ds.to(q_u.dtype)), q_u, input_precision=PRECISION)
     offs = (bh * klen + offs_n[:, None]) * d_head + offs_d[None, :]
     ok = (offs_n < klen)[:, None] & d_ok[None, :]
@@ -158,7 +186,7 @@ def backward_keys_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DK, DV
 
 
 @triton.jit
-def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU, DQV, DR,
+def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU, DQV, DR, SEG, MIS, DSEG,
                             stride_qb, stride_qh, stride_qt, stride_qd,
                             stride_kb, stride_kh, stride_kt, stride_kd,
                             stride_vb, stride_vh, stride_vt, stride_vd,
@@ -166,14 +194,16 @@ def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU
                             stride_mb, stride_mq, stride_mk, stride_gb, stride_gm,
                             stride_ob, stride_oh, stride_ot, stride_od,
                             heads, qlen, klen, rlen, d_head, shift, scale_log2, n_query_blocks, n_key_blocks,
-                            HAS_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, BANDS: tl.constexpr):
+                            HAS_MASK: tl.constexpr, HAS_SEG: tl.constexpr, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                            BANDS: tl.constexpr):
     """For one query block: d(q + u) = dS k and d(q + v) = dS_band r_band (fp32 [B, H, T, D] each), and each
     tile's band rows of dr = dS_band^T (q + v). dS_band is the tile's dS moved back onto the band (the inverse of
     the diagonal read: entry (a, c) is dS[a, c - (BLOCK_M - 1) + a] where that key exists, else 0).
     BANDS: every tile's band is stored whole, with plain stores, into DR = fp32 [B * H, query blocks, key blocks,
     BLOCK_M + BLOCK_N, D] (the caller sums the bands: `relative_attention_triton.sum_bands`); otherwise the band rows
-    inside the table are added atomically into DR = fp32 [H, R, D]."""
+    inside the table are added atomically into DR = fp32 [H, R, D]. With HAS_SEG, DSEG = fp32 [B * H, T, 2] gets the
+    segment term's gradient: dS summed over the keys of the same and of another segment."""
     block, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // heads, bh % heads
     offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -193,6 +223,8 @@ def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU
     v_base = V + b * stride_vb + h * stride_vh
     dq_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     dq_v = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dseg_same = tl.zeros([BLOCK_M], tl.float32)
+    dseg_different = tl.zeros([BLOCK_M], tl.float32)
     # entry (a, c) of the band comes from key c - (BLOCK_M - 1) + a of the tile
     band_key = tl.arange(0, BLOCK_M + BLOCK_N)[None, :] - (BLOCK_M - 1) + tl.arange(0, BLOCK_M)[:, None]
     on_tile = (band_key >= 0) & (band_key < BLOCK_N)
@@ -203,12 +235,17 @@ def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU
         scores, visible, key, band = tile_scores(
             q_u, q_v, k_base + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd, R + h * stride_rh,
             offs_m, offs_n, offs_d, band0, MASK + b * stride_mb, stride_mq, stride_mk, stride_rr, stride_rd,
-            qlen, klen, rlen, d_head, HAS_MASK, BLOCK_M, BLOCK_N, BLOCK_D, PRECISION)
-        p = tl.where(visible, tl.exp2(scores * scale_log2 - lse[:, None]), 0.0)
+            qlen, klen, rlen, d_head, SEG + bh * qlen * 2, MIS + b * qlen * klen, scale_log2, HAS_MASK, HAS_SEG,
+            BLOCK_M, BLOCK_N, BLOCK_D, PRECISION)
+        p = probabilities(scores, lse, klen)
         value = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd,
                         mask=(offs_n < klen)[:, None] & d_ok[None, :], other=0.0)
         dp = tl.dot(grad_out, tl.trans(value), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N] fp32, 0 where hidden
+        ds = tl.where(visible, p * (dp - delta[:, None]), 0.0)  # [BLOCK_M, BLOCK_N] fp32, 0 where hidden
+        if HAS_SEG:
+            different = tile_mismatch(MIS + b * qlen * klen, offs_m, offs_n, qlen, klen)
+            dseg_same += tl.sum(tl.where(different, 0.0, ds), 1)
+            dseg_different += tl.sum(tl.where(different, ds, 0.0), 1)
         dq_u += tl.dot(ds.to(key.dtype), key, input_precision=PRECISION)
         ds_band = tl.where(on_tile, tl.gather(ds, band_key, 1), 0.0)  # [BLOCK_M, BLOCK_M + BLOCK_N]
         dq_v += tl.dot(ds_band.to(band.dtype), band, input_precision=PRECISION)
@@ -226,3 +263,6 @@ def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU
     ok = m_ok[:, None] & d_ok[None, :]
     tl.store(DQU + offs, dq_u, mask=ok)
     tl.store(DQV + offs, dq_v, mask=ok)
+    if HAS_SEG:
+        tl.store(DSEG + (bh * qlen + offs_m) * 2, dseg_same, mask=m_ok)
+        tl.store(DSEG + (bh * qlen + offs_m) * 2 + 1, dseg_different, mask=m_ok)

@@ -133,13 +133,16 @@ class Stream:
 
     mask: bool [B, 1, Tq, K] or None (True = hidden); mismatch: bool [B, Tq, K] segment mismatch or None (no segment
     term); positions: long [B, Tq] where each query stands (None: row i stands at position i, the content stream);
-    present: [B, Tq] 1 for real rows, 0 for padded prediction rows (they get no attention output, as in XLNet).
+    present: [B, Tq] 1 for real rows, 0 for padded prediction rows (they get no attention output, as in XLNet);
+    distinct: whether the present rows stand at distinct positions, found by the Triton path on first use (None:
+    not asked yet; see `two_stream_attention_triton`).
     """
 
     mask: torch.Tensor | None = None
     mismatch: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     present: torch.Tensor | None = None
+    distinct: bool | None = None
 
     def rows(self, mask: torch.Tensor | None, positions: torch.Tensor, present: torch.Tensor) -> "Stream":
         """The query stream: rows `positions` [B, P] of `mask` [B, T, K] and of this stream's segment mismatch."""
@@ -171,7 +174,15 @@ class TwoStreamAttention(RelativeMultiHeadAttention):
         dropout_p = self.dropatt if self.training else 0.0
         implementation, attention = attention_kernel(self.config._attn_implementation, dropout_p, output_attentions,
                                                      q.device.type, streams=True)
-        if implementation == "eager":
+        result = None
+        if implementation == "triton" and attention is not None:
+            result = attention(q, k, v, r, biases, self.seg_embed, shift, stream, dropout_p)
+            if result is None:  # query rows at repeated positions, which the kernel's layout cannot hold
+                implementation, attention = attention_kernel("sdpa", dropout_p, output_attentions, q.device.type,
+                                                             streams=True)
+        if result is not None:
+            attn_vec, probs = result
+        elif implementation == "eager":
             attn_vec, probs = two_stream_attention(q, k, v, r, biases, self.seg_embed, shift, stream, dropout_p)
         else:
             attn_vec, probs = self.fast_attention(q, k, v, r, biases, shift, stream, dropout_p, attention), None

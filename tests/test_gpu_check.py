@@ -64,3 +64,7 @@ def test_training_curves_and_throughput_rows(dry_run):
     generation = [k for k in results["e"] if k.startswith("ours") and not k.endswith("error")]
     assert len(generation) == 16 and all(results["e"][k] > 0 for k in generation)  # 2 sides x 2 batches x 2 x 2
     assert "ours [sdpa+whole] bf16" in sides  # the whole step compiled with the softmax's tail capacity
+    attention = results["c"]["attention_ms"]  # one layer alone: SDPA, and Triton per tile and table gradient
+    assert {f"triton tile {tile} table gradient {how}" for tile in ("autotune", "16 warps 1")
+            for how in ("bands", "atomic")} | {"sdpa"} == set(attention)
+    assert all(isinstance(ms, float) and ms > 0 for ms in attention.values()), attention

@@ -6,6 +6,7 @@ imported without it. The kernels then run as numpy on the CPU: slow but exact, e
 benchmarks/gpu_check.py.
 """
 
+import copy
 import importlib
 import importlib.util
 import os
@@ -18,13 +19,15 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (pip install triton; the dev extra has it)", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"
 
-from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM  # noqa: E402
+from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM, TransformerXLForPermutationLM  # noqa: E402
 from modeling_xl import kernel_registry as kernels  # noqa: E402
 from modeling_xl import kernel_registry as ra  # noqa: E402
 from modeling_xl import relative_attention_triton as tra  # noqa: E402
 from modeling_xl.relative_attention import relative_attention  # noqa: E402
 from modeling_xl.relative_attention_triton import key_ranges, triton_relative_attention  # noqa: E402
 from modeling_xl.relative_positions import causal_mask, with_key_padding  # noqa: E402
+from modeling_xl.two_stream_attention import Stream, segment_mismatch, two_stream_attention  # noqa: E402
+from modeling_xl.two_stream_attention_triton import triton_two_stream_attention  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -115,8 +118,8 @@ def test_table_gradient_by_bands_and_by_atomics_match_reference(monkeypatch, tab
     """Both ways of adding up the position table's gradient, on a table with rows no tile reaches (R > K + T) and
     band rows outside it; the bands' sum is the same bit for bit run after run (no atomics)."""
     monkeypatch.setattr(tra, "TABLE_GRADIENT", table_gradient)
-    qlen, mlen = 21, 19
-    args = inputs(2, 2, qlen, qlen + mlen, 16, rlen=2 * qlen + mlen + 3)
+    qlen, mlen = 17, 19
+    args = inputs(1, 2, qlen, qlen + mlen, 16, rlen=2 * qlen + mlen + 3)
     assert_matches(args, causal_mask(qlen, mlen), qlen)
     if table_gradient == "bands":
         grads = [torch.autograd.grad(triton_relative_attention(*args, None, qlen)[0].sum(), args[3])[0]
@@ -139,6 +142,52 @@ def test_sum_bands_against_a_loop_over_tiles():
     torch.testing.assert_close(tra.sum_bands(bands, block, shift, rlen), want)
     with pytest.raises(ValueError, match="expected 2 \\* block = 6"):
         tra.sum_bands(bands, 3, shift, rlen)
+
+
+@pytest.fixture
+def autotuned(monkeypatch):
+    """The interpreter's tiles autotuned over two candidates, nothing chosen yet; returns the shapes timed."""
+    monkeypatch.setitem(tra.TILES, "cpu", "autotune")
+    monkeypatch.setitem(tra.CANDIDATES, "cpu", [(16, 1), (32, 1)])
+    monkeypatch.setattr(tra, "CHOSEN", {})
+    monkeypatch.setattr(tra, "TIMED_CALLS", 1)
+    timed, fastest = [], tra._fastest
+
+    def counted(candidates, inputs):
+        timed.append(tuple(inputs[0].shape))
+        return fastest(candidates, inputs)
+
+    monkeypatch.setattr(tra, "_fastest", counted)
+    return timed
+
+
+def test_autotuned_tiles_are_timed_once_per_shape_and_match_reference(autotuned):
+    """Forward and backward with the tile autotuning chose, equal to the reference; a shape is timed once."""
+    args = inputs(1, 1, 17, 25, 16)
+    assert_matches(args, causal_mask(17, 8), 16)
+    assert_matches(args, causal_mask(17, 8), 16)
+    assert_matches(inputs(1, 1, 33, 33, 16), causal_mask(33, 0), 32)
+    assert autotuned == [(1, 1, 17, 16), (1, 1, 33, 16)]
+    assert len(tra.CHOSEN) == 2 and set(tra.CHOSEN.values()) <= {(16, 1), (32, 1)}
+
+
+def test_autotuning_skips_the_tiles_the_compiler_refuses(autotuned, monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    launch = tra.launch_forward
+
+    def refusing(*args):
+        if args[-1] == (32, 1):
+            raise OutOfResources(262144, 232448, "shared memory")
+        return launch(*args)
+
+    monkeypatch.setattr(tra, "launch_forward", refusing)
+    args = inputs(1, 2, 20, 20, 16)
+    assert_matches(args, causal_mask(20, 0), 19)
+    assert list(tra.CHOSEN.values()) == [(16, 1)]
+    monkeypatch.setitem(tra.CANDIDATES, "cpu", [(32, 1)])
+    with pytest.raises(RuntimeError, match=r"no tile of \[\(32, 1\)\] ran .*out of resource: shared memory"):
+        triton_relative_attention(*inputs(1, 2, 24, 24, 16), causal_mask(24, 0), 23)
 
 
 def test_key_ranges_against_a_loop():
@@ -197,9 +246,129 @@ def test_model_with_triton_equals_eager_over_two_segments(tmp_path):
         torch.testing.assert_close(fast_grads[name], eager_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_a_row_that_sees_no_key_weighs_every_key_alike():
+    """As the reference does (every score the same minimum): uniform weights, and no gradient through its scores."""
+    qlen, mlen = 18, 5
+    mask = causal_mask(qlen, mlen).expand(2, 1, qlen, qlen + mlen).clone()
+    mask[1, 0, 3] = True
+    mask[0, 0, 17] = True
+    assert_matches(inputs(2, 2, qlen, qlen + mlen, 16), mask, qlen - 1)
+
+
+def two_stream_inputs(tables: int, seed: int = 0):
+    """XLNet-shaped inputs of both streams: B 2, H 2, T 18, M 7, D 16, P 5 targets, the table of distances
+    K .. -T + 1 (one or two tables), per-row masks, segments; prediction row 4 of batch row 0 is padding (present
+    0) and stands where row 0 stands; query row 2 of batch row 1 sees no key."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, heads, qlen, mlen, d_head, predict = 2, 2, 18, 7, 16, 5
+    klen = qlen + mlen
+    tensors = [torch.randn(*shape, generator=gen).requires_grad_() for shape in (
+        (batch, heads, qlen, d_head), (batch, heads, predict, d_head), (batch, heads, klen, d_head),
+        (batch, heads, klen, d_head), (tables, heads, klen + qlen, d_head), (heads, d_head), (heads, d_head),
+        (heads, d_head), (2, heads, d_head))]
+    content_mask = torch.rand(batch, qlen, klen, generator=gen) > 0.6
+    content_mask[:, torch.arange(qlen), mlen + torch.arange(qlen)] = False  # the content stream sees itself
+    mismatch = segment_mismatch(torch.randint(0, 2, (batch, qlen), generator=gen), mlen)
+    positions = torch.stack([torch.randperm(qlen, generator=gen)[:predict] for _ in range(batch)])
+    positions[0, 4] = positions[0, 0]
+    present = torch.ones(batch, predict)
+    present[0, 4] = 0
+    query_mask = torch.rand(batch, qlen, klen, generator=gen) > 0.5
+    query_mask[1, positions[1, 2]] = True
+    content = Stream(content_mask[:, None], mismatch)
+    return tensors, content, content.rows(query_mask, positions, present)
+
+
+@pytest.mark.parametrize("tables", [1, 2])
+def test_both_streams_match_the_reference(tables):
+    """Output and every input's gradient (queries, keys, values, table, the three biases, the segment table) of the
+    content stream and of the query stream (present rows), against `two_stream_attention` in float64."""
+    tensors, content, query = two_stream_inputs(tables)
+    q_h, q_g, key, value, r, u, v, s, seg_embed = tensors
+    for stream, q in ((content, q_h), (query, q_g)):
+        args = [q, key, value, r, u, v, s, seg_embed]
+        reference = [x.detach().double().requires_grad_() for x in args]
+        present = 1 if stream.present is None else stream.present[:, None, :, None]
+        want = two_stream_attention(*reference[:4], reference[4:7], reference[7], 18, stream)[0] * present
+        got, probs = triton_two_stream_attention(*args[:4], args[4:7], args[7], 18, stream)
+        got = got * present
+        assert probs is None and got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
+        grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        names = ("q", "key", "value", "r", "u", "v", "s", "seg_embed")
+        for name, g, w in zip(names, torch.autograd.grad(got, args, grad.float()),
+                              torch.autograd.grad(want, reference, grad)):
+            torch.testing.assert_close(g.double(), w, atol=1e-4, rtol=1e-4, msg=f"gradient of {name}")
+    assert query.distinct is True
+
+
+def test_query_rows_at_a_repeated_position_are_left_to_another_path():
+    tensors, _, query = two_stream_inputs(1)
+    query.present[0, 4] = 1  # two present rows now stand at one position
+    q_g, key, value, r, u, v, s, seg_embed = tensors[1:]
+    assert triton_two_stream_attention(q_g, key, value, r, (u, v, s), seg_embed, 18, query) is None
+    assert query.distinct is False
+
+
+def test_permutation_lm_with_triton_equals_eager_over_two_segments():
+    """attn_implementation="triton" for XLNet's two streams: loss and every gradient equal the eager model's over two
+    segments with memory, segments, padding, a padded prediction row and two tables (bi_data; one table: above);
+    the kernel really runs (counted). A target_mapping naming one position twice takes the SDPA path, with the same
+    result."""
+    config = TransformerXLConfig(vocab_size=50, d_model=32, n_layer=2, n_head=2, d_head=16, d_inner=32,
+                                 adaptive=False, attn_type="bi", ff_activation="gelu", mem_len=6, reuse_len=4,
+                                 dropout=0.0, dropatt=0.0, bi_data=True)
+    torch.manual_seed(0)
+    eager = TransformerXLForPermutationLM(config)
+    fast = copy.deepcopy(eager)
+    eager.set_attn_implementation("eager")
+    fast.set_attn_implementation("triton")
+    batch, length = 4, 8
+    ids = torch.randint(0, 50, (batch, length))
+    perm_mask = (torch.rand(batch, length, length) > 0.5).float()
+    target_mapping = torch.nn.functional.one_hot(torch.tensor([[1, 4, 6], [2, 5, 0], [0, 7, 3], [6, 1, 2]]),
+                                                 length).float()
+    target_mapping[0, 2] = 0.0  # a padded prediction row
+    perm_mask[:, torch.arange(length), torch.arange(length)] = 1.0  # a target never sees itself
+    token_type_ids = torch.randint(0, 2, (batch, length))
+    attention_mask = torch.ones(batch, length)
+    attention_mask[1, :2] = 0.0
+
+    def run(model, mapping):
+        model.zero_grad()
+        kwargs = dict(perm_mask=perm_mask, target_mapping=mapping, token_type_ids=token_type_ids,
+                      attention_mask=attention_mask, labels=torch.randint(0, 50, mapping.shape[:2],
+                                                                          generator=torch.Generator().manual_seed(2)))
+        first = model(ids, **kwargs)
+        second = model(ids.flip(1), mems=first.mems, **kwargs)
+        (first.loss + second.loss).backward()
+        return second.loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    calls = []
+    original = kernels.kernel("two_stream_attention.triton", "cpu")
+    kernels.register_kernel("two_stream_attention.triton", "cpu", lambda *a, **k: calls.append(1) or original(*a, **k))
+    try:
+        results = {"fast": run(fast, target_mapping)}
+        repeated = target_mapping.clone()
+        repeated[2, 1] = repeated[2, 0]
+        results["fast repeated"] = run(fast, repeated)
+    finally:
+        kernels.register_kernel("two_stream_attention.triton", "cpu", original)
+    assert len(calls) == 2 * 2 * (2 * config.n_layer - 1)  # both streams, the last layer's query stream only
+    for name, mapping in (("fast", target_mapping), ("fast repeated", repeated)):
+        eager_loss, eager_grads = run(eager, mapping)
+        fast_loss, fast_grads = results[name]
+        torch.testing.assert_close(fast_loss, eager_loss, atol=1e-5, rtol=1e-5)
+        assert fast_grads.keys() == eager_grads.keys()
+        for param in eager_grads:
+            torch.testing.assert_close(fast_grads[param], eager_grads[param], atol=1e-5, rtol=1e-4,
+                                       msg=f"{name}: {param}")
+
+
 def test_triton_falls_back_where_it_cannot_run():
     """Attention dropout and returned probabilities take the other paths (the kernel has neither)."""
     assert ra.attention_implementation("triton", 0.0, False, "cpu") == "triton"
     assert ra.attention_implementation("triton", 0.1, False, "cpu") == "fused"
     assert ra.attention_implementation("triton", 0.0, True, "cpu") == "eager"
-    assert ra.attention_implementation("triton", 0.0, False, "cpu", streams=True) != "triton"
+    assert ra.attention_implementation("triton", 0.0, False, "cpu", streams=True) == "triton"
+    assert ra.attention_implementation("triton", 0.1, False, "cpu", streams=True) == "fused"
