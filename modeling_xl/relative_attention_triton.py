@@ -97,15 +97,19 @@ def _mask_3d(mask: torch.Tensor | None, batch: int, qlen: int, klen: int) -> tup
 # Tiles (BLOCK_M = BLOCK_N, num_warps) per device type, or "autotune": the first call of each shape times every
 # candidate of CANDIDATES (forward and backward on that call's inputs) and keeps the fastest (`choose_tile`). The
 # interpreter (CPU tests) uses the smallest tiles tl.dot takes, so that small test shapes cross several blocks.
+# CUDA's candidates are the tiles that came within 20% of the best on an H200 at wt103-base's training shape
+# (benchmarks/README.md, "GPU": 128 x 128 took 2.4x as long); each costs a compilation per kernel and dtype.
 TILES = {"cuda": "autotune", "cpu": (16, 1)}
-CANDIDATES = {"cuda": [(64, 4), (64, 8), (32, 4), (32, 2), (128, 8)], "cpu": [(16, 1), (32, 1)]}
+CANDIDATES = {"cuda": [(64, 4), (64, 8), (32, 4)], "cpu": [(16, 1), (32, 1)]}
 CHOSEN: dict[tuple, tuple[int, int]] = {}  # shape -> the tile autotuning chose for it
 TIMED_CALLS = 3  # forward + backward calls timed per candidate (after one untimed call that compiles it)
 
 
-def choose_tile(q, u, v, key, value, r, mask3, stride_mb: int, shift: int, seg=None, mismatch=None) -> tuple[int, int]:
+def choose_tile(q, u, v, key, value, r, mask3, stride_mb: int, shift: int, seg=None, mismatch=None,
+                backward: bool = True) -> tuple[int, int]:
     """(block, num_warps) for this call: TILES' setting for the device, or under "autotune" the fastest candidate for
-    this shape (batch, heads, lengths, head width, dtype, mask shape, TABLE_GRADIENT), timed once per shape and
+    this shape (batch, heads, lengths, head width, dtype, mask shape, segment term, TABLE_GRADIENT, and whether a
+    backward follows: then forward + backward are timed, else the forward alone), timed once per shape and
     remembered in CHOSEN. Inside a CUDA graph capture, where nothing may be timed, an untimed shape takes the first
     candidate. Candidates the compiler refuses (registers, shared memory) are skipped."""
     device = q.device.type
@@ -113,16 +117,17 @@ def choose_tile(q, u, v, key, value, r, mask3, stride_mb: int, shift: int, seg=N
     if setting != "autotune":
         return setting
     shape = (device, tuple(q.shape), key.size(2), r.size(1), key.dtype, mask3 is None or tuple(mask3.shape),
-             seg is None, TABLE_GRADIENT)
+             seg is None, TABLE_GRADIENT, backward)
     if shape not in CHOSEN:
         candidates = CANDIDATES.get(device, CANDIDATES["cuda"])
         if q.is_cuda and torch.cuda.is_current_stream_capturing():
             return candidates[0]
-        CHOSEN[shape] = _fastest(candidates, (q, u, v, key, value, r, mask3, stride_mb, shift, seg, mismatch))
+        CHOSEN[shape] = _fastest(candidates, (q, u, v, key, value, r, mask3, stride_mb, shift, seg, mismatch),
+                                 backward)
     return CHOSEN[shape]
 
 
-def _fastest(candidates: list[tuple[int, int]], inputs: tuple) -> tuple[int, int]:
+def _fastest(candidates: list[tuple[int, int]], inputs: tuple, backward: bool) -> tuple[int, int]:
     import time
 
     from triton.compiler.errors import CompilationError
@@ -134,7 +139,8 @@ def _fastest(candidates: list[tuple[int, int]], inputs: tuple) -> tuple[int, int
     for tile in candidates:
         def call():
             out, lse, ranges = launch_forward(*inputs, tile)
-            launch_backward(*inputs, ranges, out, lse, grad_out, tile)
+            if backward:
+                launch_backward(*inputs, ranges, out, lse, grad_out, tile)
 
         try:
             call()
@@ -279,10 +285,11 @@ class TritonRelativeAttention(torch.autograd.Function):
     segment term seg [B, H, T, 2] ((q + s) . e_same, (q + s) . e_different) with mismatch bool [B, T, K], or None.
     Everything is computed in the keys' dtype (seg in fp32; fp32 accumulation), and gradients come back in each
     input's own dtype. Saved for backward: the inputs, the output and one log-sum-exp per query; the backward uses
-    the forward's tile."""
+    the forward's tile. `grad_enabled`: whether gradients were on where the caller applied it (autotuning then times
+    the backward too; inside `forward` they are always off)."""
 
     @staticmethod
-    def forward(ctx, q, u, v, key, value, r, mask, shift: int, seg=None, mismatch=None):
+    def forward(ctx, q, u, v, key, value, r, mask, shift: int, seg=None, mismatch=None, grad_enabled: bool = True):
         dtype = key.dtype
         ctx.input_dtypes = [t.dtype for t in (q, u, v, key, value, r)] + [None if seg is None else seg.dtype]
         with torch.autocast(key.device.type, enabled=False):
@@ -294,7 +301,7 @@ class TritonRelativeAttention(torch.autograd.Function):
                 seg = seg.float().reshape(batch * heads, qlen, 2).contiguous()
                 mismatch = mismatch.to(torch.bool).expand(batch, qlen, klen).contiguous()
             inputs = (q, u, v, key, value, r, mask3, stride_mb, shift, seg, mismatch)
-            tile = choose_tile(*inputs)
+            tile = choose_tile(*inputs, backward=grad_enabled and any(ctx.needs_input_grad))
             out, lse, ranges = launch_forward(*inputs, tile)
         ctx.save_for_backward(q, u, v, key, value, r, mask3, seg, mismatch, ranges, out, lse)
         ctx.shift, ctx.stride_mb, ctx.tile = shift, stride_mb, tile
@@ -307,7 +314,7 @@ class TritonRelativeAttention(torch.autograd.Function):
             grads = launch_backward(q, u, v, key, value, r, mask3, ctx.stride_mb, ctx.shift, seg, mismatch, ranges,
                                     out, lse, grad_out.to(key.dtype), ctx.tile)
         grads = [None if g is None else g.to(dtype) for g, dtype in zip(grads, ctx.input_dtypes)]
-        return (*grads[:6], None, None, grads[6], None)
+        return (*grads[:6], None, None, grads[6], None, None)
 
 
 def _mask_arg(mask3: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -333,4 +340,5 @@ def triton_relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_
     if not available(q.device.type):
         raise RuntimeError(f"the Triton relative attention cannot run on {q.device.type!r} here: it needs triton and "
                            "a CUDA device (or TRITON_INTERPRET=1 on the CPU, for tests)")
-    return TritonRelativeAttention.apply(q, u, v, key, value, r, mask, shift), None
+    return TritonRelativeAttention.apply(q, u, v, key, value, r, mask, shift, None, None,
+                                         torch.is_grad_enabled()), None

@@ -80,7 +80,7 @@ def triton_two_stream_attention(q, key, value, r, biases, seg_embed, shift: int,
 
         mask_t = None if mask is None else part(mask)[:, None]
         parts.append(TritonRelativeAttention.apply(part(q), u, v, part(key), part(value), table, mask_t, shift,
-                                                   part(seg), part(mismatch)))
+                                                   part(seg), part(mismatch), torch.is_grad_enabled()))
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
     if positions is not None:
         out = out.gather(2, positions[:, None, :, None].expand(-1, out.size(1), -1, out.size(-1)))

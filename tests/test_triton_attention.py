@@ -153,9 +153,9 @@ def autotuned(monkeypatch):
     monkeypatch.setattr(tra, "TIMED_CALLS", 1)
     timed, fastest = [], tra._fastest
 
-    def counted(candidates, inputs):
-        timed.append(tuple(inputs[0].shape))
-        return fastest(candidates, inputs)
+    def counted(candidates, inputs, backward):
+        timed.append((tuple(inputs[0].shape), backward))
+        return fastest(candidates, inputs, backward)
 
     monkeypatch.setattr(tra, "_fastest", counted)
     return timed
@@ -167,8 +167,10 @@ def test_autotuned_tiles_are_timed_once_per_shape_and_match_reference(autotuned)
     assert_matches(args, causal_mask(17, 8), 16)
     assert_matches(args, causal_mask(17, 8), 16)
     assert_matches(inputs(1, 1, 33, 33, 16), causal_mask(33, 0), 32)
-    assert autotuned == [(1, 1, 17, 16), (1, 1, 33, 16)]
-    assert len(tra.CHOSEN) == 2 and set(tra.CHOSEN.values()) <= {(16, 1), (32, 1)}
+    with torch.no_grad():  # no backward follows: the forward alone is timed, a choice of its own
+        triton_relative_attention(*args, causal_mask(17, 8), 16)
+    assert autotuned == [((1, 1, 17, 16), True), ((1, 1, 33, 16), True), ((1, 1, 17, 16), False)]
+    assert len(tra.CHOSEN) == 3 and set(tra.CHOSEN.values()) <= {(16, 1), (32, 1)}
 
 
 def test_autotuning_skips_the_tiles_the_compiler_refuses(autotuned, monkeypatch):
