@@ -330,15 +330,20 @@ def _range_strides(ranges: torch.Tensor) -> tuple[int, int]:
     return (ranges.stride(0) if ranges.size(0) > 1 else 0, ranges.stride(1))
 
 
-def triton_relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_p: float = 0.0):
-    """`relative_attention.relative_attention` by the Triton kernels (same arguments; returns (out, None)).
-    Attention dropout is not implemented: `dropout_p` must be 0 (`kernel_registry.attention_implementation`
-    sends calls with dropout elsewhere)."""
+def check_runnable(device_type: str, dropout_p: float) -> None:
+    """Refuse what the kernel cannot run: attention dropout (`kernel_registry.attention_implementation` sends calls
+    with dropout elsewhere), and a device without triton."""
     if dropout_p:
         raise ValueError(f"dropout_p={dropout_p}: the Triton relative attention has no attention dropout; expected 0 "
                          "(use attn_implementation='sdpa' with dropatt > 0)")
-    if not available(q.device.type):
-        raise RuntimeError(f"the Triton relative attention cannot run on {q.device.type!r} here: it needs triton and "
+    if not available(device_type):
+        raise RuntimeError(f"the Triton relative attention cannot run on {device_type!r} here: it needs triton and "
                            "a CUDA device (or TRITON_INTERPRET=1 on the CPU, for tests)")
+
+
+def triton_relative_attention(q, key, value, r, u, v, mask, shift: int, dropout_p: float = 0.0):
+    """`relative_attention.relative_attention` by the Triton kernels (same arguments; returns (out, None)).
+    Attention dropout is not implemented: `dropout_p` must be 0."""
+    check_runnable(q.device.type, dropout_p)
     return TritonRelativeAttention.apply(q, u, v, key, value, r, mask, shift, None, None,
                                          torch.is_grad_enabled()), None

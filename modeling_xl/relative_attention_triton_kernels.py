@@ -186,6 +186,40 @@ def backward_keys_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DK, DV
 
 
 @triton.jit
+def band_keys(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Where each entry (a, c) of a tile's band comes from: key c - (BLOCK_M - 1) + a of the tile, and whether that
+    key lies on the tile ([BLOCK_M, BLOCK_M + BLOCK_N] each; keys off the tile read as key 0)."""
+    band_key = tl.arange(0, BLOCK_M + BLOCK_N)[None, :] - (BLOCK_M - 1) + tl.arange(0, BLOCK_M)[:, None]
+    on_tile = (band_key >= 0) & (band_key < BLOCK_N)
+    return tl.where(on_tile, band_key, 0), on_tile
+
+
+@triton.jit
+def store_table_gradient(DR, dr, tile, band0, h, rlen, d_head, offs_d, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BANDS: tl.constexpr):
+    """One tile's gradient of its band of table rows, dr [BLOCK_M + BLOCK_N, BLOCK_D]. BANDS: stored whole, with
+    plain stores, as tile `tile` of DR = fp32 [B * H, query blocks, key blocks, BLOCK_M + BLOCK_N, D] (the caller
+    sums the bands: `relative_attention_triton.sum_bands`); otherwise its rows inside the table are added
+    atomically into DR = fp32 [H, R, D]."""
+    offs_c = tl.arange(0, BLOCK_M + BLOCK_N)
+    d_ok = offs_d < d_head
+    if BANDS:
+        tl.store(DR + (tile * (BLOCK_M + BLOCK_N) + offs_c[:, None]) * d_head + offs_d[None, :], dr,
+                 mask=d_ok[None, :])
+    else:
+        offs_w = band0 + offs_c
+        tl.atomic_add(DR + (h * rlen + offs_w[:, None]) * d_head + offs_d[None, :], dr,
+                      mask=((offs_w >= 0) & (offs_w < rlen))[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def segment_gradient(ds, mis_base, offs_m, offs_n, qlen, klen):
+    """dS summed over the tile's keys in the query's own segment, and in another: ([BLOCK_M], [BLOCK_M])."""
+    different = tile_mismatch(mis_base, offs_m, offs_n, qlen, klen)
+    return tl.sum(tl.where(different, 0.0, ds), 1), tl.sum(tl.where(different, ds, 0.0), 1)
+
+
+@triton.jit
 def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU, DQV, DR, SEG, MIS, DSEG,
                             stride_qb, stride_qh, stride_qt, stride_qd,
                             stride_kb, stride_kh, stride_kt, stride_kd,
@@ -197,13 +231,10 @@ def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU
                             HAS_MASK: tl.constexpr, HAS_SEG: tl.constexpr, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
                             BANDS: tl.constexpr):
-    """For one query block: d(q + u) = dS k and d(q + v) = dS_band r_band (fp32 [B, H, T, D] each), and each
-    tile's band rows of dr = dS_band^T (q + v). dS_band is the tile's dS moved back onto the band (the inverse of
-    the diagonal read: entry (a, c) is dS[a, c - (BLOCK_M - 1) + a] where that key exists, else 0).
-    BANDS: every tile's band is stored whole, with plain stores, into DR = fp32 [B * H, query blocks, key blocks,
-    BLOCK_M + BLOCK_N, D] (the caller sums the bands: `relative_attention_triton.sum_bands`); otherwise the band rows
-    inside the table are added atomically into DR = fp32 [H, R, D]. With HAS_SEG, DSEG = fp32 [B * H, T, 2] gets the
-    segment term's gradient: dS summed over the keys of the same and of another segment."""
+    """For one query block: d(q + u) = dS k and d(q + v) = dS_band r_band (fp32 [B, H, T, D] each), each tile's
+    gradient of its band of table rows, dS_band^T (q + v) (`store_table_gradient`), and with HAS_SEG the segment
+    term's gradient DSEG = fp32 [B * H, T, 2]. dS_band is the tile's dS moved back onto the band (the inverse of the
+    diagonal read: entry (a, c) is dS[a, c - (BLOCK_M - 1) + a] where that key exists, else 0)."""
     block, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // heads, bh % heads
     offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -217,19 +248,11 @@ def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU
     lse = tl.load(LSE + bh * qlen + offs_m, mask=m_ok, other=float("inf"))
     delta = tl.load(DELTA + bh * qlen + offs_m, mask=m_ok, other=0.0)
     ranges = RANGES + b * stride_gb + block * stride_gm
-    lo = (tl.load(ranges) // BLOCK_N) * BLOCK_N
-    hi = tl.load(ranges + 1)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
-    dq_u = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    dq_v = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    dseg_same = tl.zeros([BLOCK_M], tl.float32)
-    dseg_different = tl.zeros([BLOCK_M], tl.float32)
-    # entry (a, c) of the band comes from key c - (BLOCK_M - 1) + a of the tile
-    band_key = tl.arange(0, BLOCK_M + BLOCK_N)[None, :] - (BLOCK_M - 1) + tl.arange(0, BLOCK_M)[:, None]
-    on_tile = (band_key >= 0) & (band_key < BLOCK_N)
-    band_key = tl.where(on_tile, band_key, 0)
-    for start in range(lo, hi, BLOCK_N):
+    k_base, v_base = K + b * stride_kb + h * stride_kh, V + b * stride_vb + h * stride_vh
+    dq_u, dq_v = tl.zeros([BLOCK_M, BLOCK_D], tl.float32), tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dseg_same, dseg_different = tl.zeros([BLOCK_M], tl.float32), tl.zeros([BLOCK_M], tl.float32)
+    band_key, on_tile = band_keys(BLOCK_M, BLOCK_N)
+    for start in range((tl.load(ranges) // BLOCK_N) * BLOCK_N, tl.load(ranges + 1), BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         band0 = start - block * BLOCK_M - (BLOCK_M - 1) + shift
         scores, visible, key, band = tile_scores(
@@ -237,32 +260,22 @@ def backward_queries_kernel(Q, K, V, R, U, VB, MASK, RANGES, DO, LSE, DELTA, DQU
             offs_m, offs_n, offs_d, band0, MASK + b * stride_mb, stride_mq, stride_mk, stride_rr, stride_rd,
             qlen, klen, rlen, d_head, SEG + bh * qlen * 2, MIS + b * qlen * klen, scale_log2, HAS_MASK, HAS_SEG,
             BLOCK_M, BLOCK_N, BLOCK_D, PRECISION)
-        p = probabilities(scores, lse, klen)
         value = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd,
                         mask=(offs_n < klen)[:, None] & d_ok[None, :], other=0.0)
         dp = tl.dot(grad_out, tl.trans(value), input_precision=PRECISION)
-        ds = tl.where(visible, p * (dp - delta[:, None]), 0.0)  # [BLOCK_M, BLOCK_N] fp32, 0 where hidden
+        ds = tl.where(visible, probabilities(scores, lse, klen) * (dp - delta[:, None]), 0.0)  # 0 where hidden
         if HAS_SEG:
-            different = tile_mismatch(MIS + b * qlen * klen, offs_m, offs_n, qlen, klen)
-            dseg_same += tl.sum(tl.where(different, 0.0, ds), 1)
-            dseg_different += tl.sum(tl.where(different, ds, 0.0), 1)
+            same, different = segment_gradient(ds, MIS + b * qlen * klen, offs_m, offs_n, qlen, klen)
+            dseg_same, dseg_different = dseg_same + same, dseg_different + different
         dq_u += tl.dot(ds.to(key.dtype), key, input_precision=PRECISION)
         ds_band = tl.where(on_tile, tl.gather(ds, band_key, 1), 0.0)  # [BLOCK_M, BLOCK_M + BLOCK_N]
         dq_v += tl.dot(ds_band.to(band.dtype), band, input_precision=PRECISION)
         dr = tl.dot(tl.trans(ds_band.to(q_v.dtype)), q_v, input_precision=PRECISION)  # [band, BLOCK_D]
-        offs_c = tl.arange(0, BLOCK_M + BLOCK_N)
-        if BANDS:
-            tile = (bh * n_query_blocks + block) * n_key_blocks + start // BLOCK_N
-            tl.store(DR + (tile * (BLOCK_M + BLOCK_N) + offs_c[:, None]) * d_head + offs_d[None, :], dr,
-                     mask=d_ok[None, :])
-        else:
-            offs_w = band0 + offs_c
-            tl.atomic_add(DR + (h * rlen + offs_w[:, None]) * d_head + offs_d[None, :], dr,
-                          mask=((offs_w >= 0) & (offs_w < rlen))[:, None] & d_ok[None, :])
+        store_table_gradient(DR, dr, (bh * n_query_blocks + block) * n_key_blocks + start // BLOCK_N, band0, h,
+                             rlen, d_head, offs_d, BLOCK_M, BLOCK_N, BANDS)
     offs = (bh * qlen + offs_m[:, None]) * d_head + offs_d[None, :]
-    ok = m_ok[:, None] & d_ok[None, :]
-    tl.store(DQU + offs, dq_u, mask=ok)
-    tl.store(DQV + offs, dq_v, mask=ok)
+    tl.store(DQU + offs, dq_u, mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(DQV + offs, dq_v, mask=m_ok[:, None] & d_ok[None, :])
     if HAS_SEG:
         tl.store(DSEG + (bh * qlen + offs_m) * 2, dseg_same, mask=m_ok)
         tl.store(DSEG + (bh * qlen + offs_m) * 2 + 1, dseg_different, mask=m_ok)

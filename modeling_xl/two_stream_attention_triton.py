@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .relative_attention_triton import TritonRelativeAttention, available
+from .relative_attention_triton import TritonRelativeAttention, check_runnable
 
 
 def rows_are_distinct(positions: torch.Tensor, present: torch.Tensor | None, length: int) -> bool:
@@ -48,12 +48,7 @@ def triton_two_stream_attention(q, key, value, r, biases, seg_embed, shift: int,
     stream's rows repeat a position (module docstring). Arguments as `two_stream_attention.two_stream_attention`:
     q [B, H, Tq, D]; key, value [B, H, K, D]; r [S, H, R, D]; biases (u, v, s) [H, D] each; seg_embed [2, H, D];
     `stream` its mask, segment mismatch, query positions and present rows. No attention dropout."""
-    if dropout_p:
-        raise ValueError(f"dropout_p={dropout_p}: the Triton relative attention has no attention dropout; expected 0 "
-                         "(use attn_implementation='sdpa' with dropatt > 0)")
-    if not available(q.device.type):
-        raise RuntimeError(f"the Triton two-stream attention cannot run on {q.device.type!r} here: it needs triton "
-                           "and a CUDA device (or TRITON_INTERPRET=1 on the CPU, for tests)")
+    check_runnable(q.device.type, dropout_p)
     u, v, s = biases
     seg = None if stream.mismatch is None else torch.matmul(q + s[:, None], seg_embed.permute(1, 2, 0))
     mask = None if stream.mask is None else stream.mask[:, 0]  # [B, Tq, K]

@@ -213,6 +213,9 @@ def test_dropout_is_refused_with_its_value():
     args = inputs(1, 1, 4, 4, 16)
     with pytest.raises(ValueError, match=r"dropout_p=0\.1"):
         triton_relative_attention(*args, causal_mask(4, 0), 3, dropout_p=0.1)
+    (_, q_g, key, value, r, u, v, s, seg_embed), _, query = two_stream_inputs(1)
+    with pytest.raises(ValueError, match=r"dropout_p=0\.2"):
+        triton_two_stream_attention(q_g, key, value, r, (u, v, s), seg_embed, 18, query, dropout_p=0.2)
 
 
 def test_model_with_triton_equals_eager_over_two_segments(tmp_path):
