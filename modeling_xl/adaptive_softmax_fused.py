@@ -429,8 +429,8 @@ def full_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor | None:
     shared table as wide as the model (div_val 1, no projections) one product of every token's row, [N, V], plus the
     cluster logits [N, C]; then each cluster's log-softmax, plus log P(cluster) for the tails, written back over its
     columns, so that the distribution is one buffer written once, as a plain output layer writes its logits. (A
-    fused log-softmax per cluster: faster than subtracting a logsumexp.) None elsewhere (the
-    reference runs)."""
+    fused log-softmax per cluster: faster than subtracting a logsumexp.) On the CPU with fewer rows than the width
+    (generation) the products take `few_row_logits`' form, table @ hidden^T. None elsewhere (the reference runs)."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():  # the buffer is written in place
         return None
     if _GREEDY.get() is softmax:
@@ -438,13 +438,20 @@ def full_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor | None:
     if softmax.div_val != 1 or len(softmax.out_projs) or torch.is_autocast_enabled(hidden.device.type):
         return None
     layer = softmax.out_layers[0]
-    weight, bias = layer.weight.to(hidden.dtype), layer.bias.to(hidden.dtype)
-    logits = at_least_float32(F.linear(hidden, weight, bias))  # [N, V], every cluster's tokens
+    tables = [(layer.weight, layer.bias)]
+    if softmax.n_clusters:
+        tables.append((softmax.cluster_weight, softmax.cluster_bias))
+    tables = [(w.to(hidden.dtype), b.to(hidden.dtype)) for w, b in tables]
+    few_rows = hidden.device.type == "cpu" and hidden.size(0) < hidden.size(1)  # the "few_row_logits" kernel's case
+
+    def product(table):
+        return at_least_float32(few_row_logits(hidden, [table]).contiguous() if few_rows else F.linear(hidden, *table))
+
+    logits = product(tables[0])  # [N, V], every cluster's tokens
+    clusters = product(tables[1]) if softmax.n_clusters else None  # [N, C]
     shortlist = softmax.shortlist
     if not softmax.n_clusters:
         return torch.log_softmax(logits, -1)
-    clusters = at_least_float32(F.linear(hidden, softmax.cluster_weight.to(hidden.dtype),
-                                         softmax.cluster_bias.to(hidden.dtype)))  # [N, C]
     head = torch.log_softmax(torch.cat([logits[:, :shortlist], clusters], 1), -1)  # [N, shortlist + C]
     logits[:, :shortlist] = head[:, :shortlist]
     for i, (lo, hi) in enumerate(softmax.bounds[1:]):

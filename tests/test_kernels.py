@@ -97,8 +97,9 @@ def test_forward_signatures_hold_no_kernel_state():
 @pytest.mark.parametrize("rows", [1, 3, 40])
 @pytest.mark.parametrize("cutoffs", [[20, 50], []])
 def test_full_log_probs_written_once_equal_the_reference(rows, cutoffs):
-    """One shared table (div_val 1): one product for every token, each cluster normalised in place; equal to
-    `log_probs` (per-cluster log-softmax) to float32 rounding, a distribution per row."""
+    """One shared table (div_val 1): one product for every token (fewer rows than the width, 1 and 3 of 16: in
+    `few_row_logits`' form), each cluster normalised in place; equal to `log_probs` (per-cluster log-softmax) to
+    float32 rounding, a distribution per row, one contiguous buffer."""
     config = TransformerXLConfig.from_preset("debug", div_val=1, cutoffs=cutoffs, adaptive=bool(cutoffs))
     torch.manual_seed(0)
     softmax = AdaptiveLogSoftmax(config)
@@ -110,6 +111,7 @@ def test_full_log_probs_written_once_equal_the_reference(rows, cutoffs):
         assert torch.equal(softmax(hidden), fast)  # what forward runs
     torch.testing.assert_close(fast, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fast.logsumexp(-1), torch.zeros(rows), atol=1e-5, rtol=0)
+    assert fast.is_contiguous()
 
 
 def test_full_log_probs_falls_back_where_it_does_not_apply():
