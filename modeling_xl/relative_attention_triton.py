@@ -97,8 +97,9 @@ def _mask_3d(mask: torch.Tensor | None, batch: int, qlen: int, klen: int) -> tup
 # Tiles (BLOCK_M = BLOCK_N, num_warps) per device type, or "autotune": the first call of each shape times every
 # candidate of CANDIDATES (forward and backward on that call's inputs) and keeps the fastest (`choose_tile`). The
 # interpreter (CPU tests) uses the smallest tiles tl.dot takes, so that small test shapes cross several blocks.
-# CUDA's candidates are the tiles that came within 20% of the best on an H200 at wt103-base's training shape
-# (benchmarks/README.md, "GPU": 128 x 128 took 2.4x as long); each costs a compilation per kernel and dtype.
+# CUDA's candidates: the tiles the H200 runs timed at most 1.25x the fastest at wt103-base's training shape (64 x 64
+# with 4 and 8 warps, 32 x 32; benchmarks/README.md, "GPU"; 128 x 128 took 2.4x as long); each costs a compilation
+# per kernel and dtype.
 TILES = {"cuda": "autotune", "cpu": (16, 1)}
 CANDIDATES = {"cuda": [(64, 4), (64, 8), (32, 4)], "cpu": [(16, 1), (32, 1)]}
 CHOSEN: dict[tuple, tuple[int, int]] = {}  # shape -> the tile autotuning chose for it
