@@ -488,6 +488,7 @@ def plm_sides(check, sizes: dict) -> dict:
     from bench_plm import plm_batches
     from transformers import XLNetConfig, XLNetLMHeadModel
 
+    from modeling_xl import relative_attention_triton as tra
     from modeling_xl.modeling_permutation_lm import TransformerXLForPermutationLM
     from modeling_xl.relative_attention_triton import available as triton_available
     from modeling_xl.xlnet_conversion import from_xlnet
@@ -510,31 +511,36 @@ def plm_sides(check, sizes: dict) -> dict:
     batches = [{k: v.to(device) for k, v in b.items()} for b in plm_batches(
         8, sizes["plm_vocab"], batch=batch, seq_len=seq, reuse_len=reuse, num_predict=sizes["plm_predict"],
         perm_size=reuse, ids=ids)]
-    out = {}
-    for name, model in sides:
-        model.to(device).train()
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-        state = {"mems": None, "i": 0}
+    out, tiles = {}, tra.TILES.get(device.type)
+    if device.type == "cuda":  # one tile: the attention rows of (c) time the others (autotuning here would
+        tra.TILES["cuda"] = tra.CANDIDATES["cuda"][0]  # compile every candidate again, with the segment term)
+    try:
+        for name, model in sides:
+            model.to(device).train()
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+            state = {"mems": None, "i": 0}
 
-        def step(model=model, optimizer=optimizer, state=state, ours_side=model is not xlnet):
-            b = batches[state["i"] % len(batches)]
-            state["i"] += 1
-            extra = dict(target_mask=b["target_mask"], reuse_len=reuse) if ours_side else {}
-            with autocast(device, torch.bfloat16 if device.type == "cuda" else torch.float32):
-                result = model(input_ids=b["input_ids"], perm_mask=b["perm_mask"],
-                               target_mapping=b["target_mapping"], token_type_ids=b["token_type_ids"],
-                               mems=state["mems"], labels=b["labels"], **extra)
-            result.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            state["mems"] = result.mems
+            def step(model=model, optimizer=optimizer, state=state, ours_side=model is not xlnet):
+                b = batches[state["i"] % len(batches)]
+                state["i"] += 1
+                extra = dict(target_mask=b["target_mask"], reuse_len=reuse) if ours_side else {}
+                with autocast(device, torch.bfloat16 if device.type == "cuda" else torch.float32):
+                    result = model(input_ids=b["input_ids"], perm_mask=b["perm_mask"],
+                                   target_mapping=b["target_mapping"], token_type_ids=b["token_type_ids"],
+                                   mems=state["mems"], labels=b["labels"], **extra)
+                result.loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                state["mems"] = result.mems
 
-        out[name] = timed_training(device, step, sizes, batch * seq)
-        out[name]["flops_per_token"] = counted_flops(step) / (batch * seq)
-        model.cpu()
-        del optimizer, state
-        check.cleanup()
+            out[name] = timed_training(device, step, sizes, batch * seq)
+            out[name]["flops_per_token"] = counted_flops(step) / (batch * seq)
+            model.cpu()
+            del optimizer, state
+            check.cleanup()
+    finally:
+        tra.TILES[device.type] = tiles
     return out
 
 
