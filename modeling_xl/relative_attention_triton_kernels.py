@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - the caller checks `available()` first
     triton = None
     tl = None
 
-HIDDEN = -1e30  # the score of a hidden key, log2 domain
+HIDDEN = tl.constexpr(-1e30)  # the score of a hidden key, log2 domain (jit code reads only constexpr globals)
 
 
 @triton.jit
