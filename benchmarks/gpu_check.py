@@ -295,14 +295,25 @@ def check_models(check: Check) -> dict:
     return out
 
 
-def section_kernels(check: Check) -> dict:
+@contextlib.contextmanager
+def one_triton_tile(device: torch.device):
+    """Within the block the Triton kernel runs at the first candidate tile on CUDA instead of autotuning, which would
+    compile every candidate again (section (c)'s attention rows time them all); elsewhere nothing changes."""
     from modeling_xl import relative_attention_triton as tra
 
+    setting = tra.TILES.get(device.type)
+    if device.type == "cuda":
+        tra.TILES["cuda"] = tra.CANDIDATES["cuda"][0]
+    try:
+        yield
+    finally:
+        tra.TILES[device.type] = setting
+
+
+def section_kernels(check: Check) -> dict:
     dtypes = [torch.float32, torch.bfloat16, torch.float16]
     out, seconds = {}, {}
-    default = tra.TILES.get(check.device.type)
-    tra.TILES[check.device.type] = tra.CANDIDATES["cuda"][0]  # exactness needs one tile; (c) times them all
-    try:
+    with one_triton_tile(check.device):  # exactness needs one tile
         for name, fn in (("attention", lambda: check_attention(check, dtypes)),
                          ("adaptive_softmax", lambda: check_adaptive_softmax(check, dtypes)),
                          ("models", lambda: check_models(check))):
@@ -310,8 +321,6 @@ def section_kernels(check: Check) -> dict:
             out[name] = fn()
             seconds[name] = time.perf_counter() - begin
             print(f"[a] {name}: {seconds[name]:.1f} s", flush=True)
-    finally:
-        tra.TILES[check.device.type] = default
     out["seconds"] = seconds
     return out
 
@@ -488,7 +497,6 @@ def plm_sides(check, sizes: dict) -> dict:
     from bench_plm import plm_batches
     from transformers import XLNetConfig, XLNetLMHeadModel
 
-    from modeling_xl import relative_attention_triton as tra
     from modeling_xl.modeling_permutation_lm import TransformerXLForPermutationLM
     from modeling_xl.relative_attention_triton import available as triton_available
     from modeling_xl.xlnet_conversion import from_xlnet
@@ -511,10 +519,8 @@ def plm_sides(check, sizes: dict) -> dict:
     batches = [{k: v.to(device) for k, v in b.items()} for b in plm_batches(
         8, sizes["plm_vocab"], batch=batch, seq_len=seq, reuse_len=reuse, num_predict=sizes["plm_predict"],
         perm_size=reuse, ids=ids)]
-    out, tiles = {}, tra.TILES.get(device.type)
-    if device.type == "cuda":  # one tile: the attention rows of (c) time the others (autotuning here would
-        tra.TILES["cuda"] = tra.CANDIDATES["cuda"][0]  # compile every candidate again, with the segment term)
-    try:
+    out = {}
+    with one_triton_tile(device):
         for name, model in sides:
             model.to(device).train()
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=device.type == "cuda")
@@ -539,8 +545,6 @@ def plm_sides(check, sizes: dict) -> dict:
             model.cpu()
             del optimizer, state
             check.cleanup()
-    finally:
-        tra.TILES[device.type] = tiles
     return out
 
 

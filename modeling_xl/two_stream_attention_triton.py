@@ -61,8 +61,8 @@ def triton_two_stream_attention(q, key, value, r, biases, seg_embed, shift: int,
             return None
         q = to_positions(q, positions, stream.present, length, dim=2)
         seg = None if seg is None else to_positions(seg, positions, stream.present, length, dim=2)
-        seen = torch.ones(positions.shape + key.shape[2:3], dtype=torch.uint8, device=q.device)
-        seen = seen if mask is None else (~mask).to(torch.uint8)
+        seen = (~mask).to(torch.uint8) if mask is not None else torch.ones(
+            positions.shape + key.shape[2:3], dtype=torch.uint8, device=q.device)
         mask = to_positions(seen, positions, stream.present, length, dim=1) == 0  # rows with no target: all hidden
         if mismatch is not None:
             mismatch = to_positions(mismatch.to(torch.uint8), positions, stream.present, length, dim=1) > 0
