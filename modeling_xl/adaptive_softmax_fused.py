@@ -285,11 +285,23 @@ def few_row_logits(hidden: torch.Tensor, tables: list[tuple[torch.Tensor, torch.
     table out of cache (as between decoding steps) that is the faster order for few rows, and a single row as two beats
     the one-column product's matrix-vector kernel (`benchmarks/bench_softmax_products.py`). Returns [N, rows of all
     tables]: a transposed view without gradients, a contiguous tensor with them."""
-    columns = (hidden if hidden.size(0) != 1 else hidden.repeat(2, 1)).t()  # one row: as two, see above
-    by_rows = [torch.addmm(bias[:, None], weight, columns) for weight, bias in tables]  # each [rows of the table, N]
+    by_rows = [torch.addmm(bias[:, None], weight, few_columns(hidden)) for weight, bias in tables]  # [rows, N] each
     logits = (by_rows[0] if len(by_rows) == 1 else torch.cat(by_rows))[:, : hidden.size(0)].t()
     # autograd refuses in-place writes into a view by a node with several outputs: a fresh tensor then
     return logits.clone(memory_format=torch.contiguous_format) if torch.is_grad_enabled() else logits
+
+
+def few_columns(hidden: torch.Tensor) -> torch.Tensor:
+    """hidden^T [d, N] as `few_row_logits` multiplies it: a single row as two copies of itself (see there)."""
+    return (hidden if hidden.size(0) != 1 else hidden.repeat(2, 1)).t()
+
+
+def few_row_logits_contiguous(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`F.linear(hidden, weight, bias)` as a contiguous [N, rows] tensor, in `few_row_logits`' product order: the
+    bias is added as the product is transposed (one pass; addmm would first copy the broadcast bias into its
+    output, and the transposition would be a second pass)."""
+    by_rows = torch.mm(weight, few_columns(hidden))[:, : hidden.size(0)]  # [rows, N]
+    return torch.add(by_rows.t(), bias, out=by_rows.new_empty(hidden.size(0), weight.size(0)))
 
 
 def every_cluster_logits(softmax, hiddens: list[torch.Tensor],
@@ -445,7 +457,7 @@ def full_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor | None:
     few_rows = hidden.device.type == "cpu" and hidden.size(0) < hidden.size(1)  # the "few_row_logits" kernel's case
 
     def product(table):
-        return at_least_float32(few_row_logits(hidden, [table]).contiguous() if few_rows else F.linear(hidden, *table))
+        return at_least_float32(few_row_logits_contiguous(hidden, *table) if few_rows else F.linear(hidden, *table))
 
     logits = product(tables[0])  # [N, V], every cluster's tokens
     clusters = product(tables[1]) if softmax.n_clusters else None  # [N, C]
