@@ -19,10 +19,11 @@ twice: with random weights (every cluster is about as likely as the best word: n
 `--train-steps` (300) Adam steps on WikiText-2 train (batches 8 x 128, memory carried, lr 1e-3, about 5 minutes;
 the checkpoint is kept in `--trained-dir` and reused by later runs).
 
-`floor` is not a model: the work any exact decoder of this vocabulary pays per step when the mode needs every
-log-probability (`distribution_floor`: GPT-2's output product and transformers' processors and token choice, timed
-alone). Its "vs GPT-2" is the most any such decoder could reach against GPT-2 in the same run, however fast the rest
-of its step.
+`floor` and `floor_ours` are not models: what a decoder pays per step beside its backbone when the mode needs every
+log-probability (`distribution_floor`: the output layer, then transformers' copy of the logits, processors and token
+choice, timed alone); `floor` with GPT-2's output product, the least any exact decoder of this vocabulary pays,
+`floor_ours` with our adaptive softmax's full distribution. Their "vs GPT-2" is the most a decoder with that output
+layer could reach against GPT-2 in the same run, however fast its backbone.
 
 Every measurement runs in a fresh process; the sides alternate `--repeats` times (so load changes on the
 shared machine hit them alike) and each process times `--calls` generate calls after one warm-up call; the reported
@@ -56,7 +57,8 @@ from common import (  # noqa: E402
 
 SHAPE = dict(vocab_size=33278, d_model=256, d_embed=256, n_layer=4, n_head=8, d_head=32, d_inner=1024,
              cutoffs=[2000, 10000, 20000], div_val=1, mem_len=128, clamp_len=-1, dropout=0.0, dropatt=0.0)
-IMPLS = ("ours", "ours_compiled", "ours_trained", "gpt2", "legacy", "floor")
+IMPLS = ("ours", "ours_compiled", "ours_trained", "gpt2", "legacy", "floor", "floor_ours")
+FLOOR_PRODUCTS = {"floor": "gpt2", "floor_ours": "ours"}  # `distribution_floor`'s output layer per side
 
 
 def build(impl: str, trained_dir: str | None = None):
@@ -166,38 +168,55 @@ def mode_processors(mode: str):
     return config, holder._get_logits_processor(config, 16, None, None, LogitsProcessorList())
 
 
-def distribution_floor(batch: int, mode: str, steps: int = 50) -> float:
-    """Milliseconds per decoding step that any exact decoder of `SHAPE`'s vocabulary pays in `mode` when the mode
-    needs every log-probability (sampling, processors, beams; not greedy, where ours skips the tails that cannot
-    win): the [batch, d_model] x [d_model, V] output product (GPT-2's `lm_head`, no bias) and the mode's logits
-    processors and token choice on [batch, V] (transformers' own, as `generate` builds them), median of `steps`."""
+def distribution_floor(batch: int, mode: str, product: str = "gpt2", steps: int = 50) -> float:
+    """Milliseconds per decoding step that a decoder of `SHAPE`'s vocabulary pays in `mode` beside its backbone when
+    the mode needs every log-probability (sampling, processors, beams; not greedy, where ours skips the tails that
+    cannot win): the output layer on [batch x beams, d_model] hidden states, then what transformers' `generate` does
+    with the [batch x beams, V] result in `mode` (its float32 copy of the logits, the mode's processors as `generate`
+    builds them, and the token choice: softmax and multinomial, argmax, or beam search's log-softmax, running scores
+    and top-2k), median of `steps`. `product` is the output layer: "gpt2", GPT-2's [d_model, V] `lm_head` (F.linear,
+    no bias), the least any exact decoder of this vocabulary pays with it; "ours", our adaptive softmax's full
+    distribution (`full_log_probs`, random weights). Not counted: the backbone and a beam search's cache reorder."""
     vocab, width = SHAPE["vocab_size"], SHAPE["d_model"]
     torch.manual_seed(0)
-    hidden, table = torch.randn(batch, width), torch.randn(vocab, width) * width**-0.5
+    if product == "ours":
+        from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+        from modeling_xl.adaptive_softmax_fused import full_log_probs
+
+        head = TransformerXLForCausalLM(TransformerXLConfig(**SHAPE)).eval().lm_head
+
+        def output_layer(hidden):
+            return full_log_probs(head, hidden)
+    else:
+        table = torch.randn(vocab, width) * width**-0.5
+
+        def output_layer(hidden):
+            return torch.nn.functional.linear(hidden, table)
     config, processors = mode_processors(mode)
     beams = config.num_beams or 1
+    hidden = torch.randn(batch * beams, width)  # one row per beam, as a beam decoder holds them
     history = torch.randint(0, vocab, (batch * beams, 16))
-    hidden = hidden.repeat_interleave(beams, 0)  # one row per beam, as a beam decoder holds them
+    beam_scores = torch.zeros(batch, beams, 1)
     times = []
     with torch.no_grad():
         for _ in range(steps + 5):
             begin = time.perf_counter()
-            logits = torch.nn.functional.linear(hidden, table)
-            scores = processors(history, torch.log_softmax(logits, -1) if beams > 1 else logits)
+            logits = output_layer(hidden).to(copy=True, dtype=torch.float32)
             if beams > 1:
-                torch.topk(scores.view(batch, -1), 2 * beams, dim=1)
+                scores = processors(history, torch.log_softmax(logits, -1))
+                torch.topk((scores.view(batch, beams, -1) + beam_scores).view(batch, -1), 2 * beams, dim=1)
             elif config.do_sample:
-                torch.multinomial(torch.softmax(scores, -1), 1)
+                torch.multinomial(torch.softmax(processors(history, logits), -1), 1)
             else:
-                scores.argmax(-1)
+                processors(history, logits).argmax(-1)
             times.append(time.perf_counter() - begin)
     return statistics.median(times[5:]) * 1e3
 
 
 def worker(args: dict) -> dict:
     set_threads(args["threads"])
-    if args["impl"] == "floor":  # not a model: `distribution_floor`, reported as if it decoded every step
-        ms = distribution_floor(args["batch"], args.get("mode", "greedy"))
+    if args["impl"] in ("floor", "floor_ours"):  # not models: `distribution_floor`, as if it decoded every step
+        ms = distribution_floor(args["batch"], args.get("mode", "greedy"), FLOOR_PRODUCTS[args["impl"]])
         return {"times": [ms * args["new_tokens"] / 1e3] * args["calls"], "first_row_tokens": []}
     model = build(args["impl"], args.get("trained_dir"))
     prompts = prompts_for(args["batch"], args["prompt_len"])
@@ -226,7 +245,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--output", default="benchmarks/results/generate.json")
     args = parser.parse_args(argv)
     pythons = {"ours": OUR_PYTHON, "ours_compiled": OUR_PYTHON, "ours_trained": OUR_PYTHON, "gpt2": OUR_PYTHON,
-               "legacy": args.legacy_python, "floor": OUR_PYTHON}
+               "legacy": args.legacy_python, "floor": OUR_PYTHON, "floor_ours": OUR_PYTHON}
     impls = [i for i in args.impls if i != "legacy" or Path(args.legacy_python).exists()]
     trained_dir = Path(args.trained_dir).resolve()
     if "ours_trained" in impls and not (trained_dir / "config.json").exists():

@@ -1,8 +1,13 @@
 """The GPU check: every kernel against its reference, mixed-precision training, throughput, long-memory evaluation and
-generation on one CUDA device, in one command (about 5 minutes on one H100; no network, no `datasets`/`evaluate`).
+generation on one CUDA device (no network, no `datasets`/`evaluate`).
 
     python benchmarks/gpu_check.py --output $OUT/gpu_check.json     # on a GPU machine
     python benchmarks/gpu_check.py --dry-run                          # the same code paths on the CPU at toy sizes
+
+One command ends within a device command's 9 minutes: no section, and within (c) and (e) no side, starts after
+`--budget-s` (420 s); the table names what it skipped. All of it takes longer than that on one H200 (section (a)
+alone spends about 150 s compiling Triton kernels), so run the rest in a second command, e.g. `--sections ac` then
+`--sections edb`. Within (c) and (e) the items run in the order of their worth: references and defaults first.
 
 Sections (each runs on its own: a failure is recorded in the table and the JSON, and the next section runs):
   (a) kernels: the relative attention's implementations ("sdpa", "triton") against the reference
@@ -75,14 +80,26 @@ class Check:
     """Collects the table rows and the JSON of the run; `section` runs one part and records a failure instead of
     stopping."""
 
-    def __init__(self, device: torch.device, dry: bool):
+    def __init__(self, device: torch.device, dry: bool, deadline: float | None = None):
         self.device, self.dry, self.rows, self.results = device, dry, [], {}
+        self.deadline = deadline  # perf_counter time after which no section or timed item starts (--budget-s)
 
     def row(self, section, item, metric, value, note=""):
         self.rows.append([section, item, metric, value, note])
 
-    def section(self, name: str, fn, deadline: float | None = None) -> None:
-        if deadline is not None and time.perf_counter() > deadline:
+    def spent(self) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline
+
+    def budgeted(self, section: str, item: str, fn):
+        """`fn()`, or None and a SKIPPED row when --budget-s is spent: the items of a section run in the order of
+        their worth, so that a slow machine loses the last ones, not the whole section."""
+        if self.spent():
+            self.row(section, f"SKIPPED {item}", "--budget-s spent", "")
+            return None
+        return fn()
+
+    def section(self, name: str, fn) -> None:
+        if self.spent():
             self.results[name] = {"skipped": "--budget-s spent before this section"}
             self.row(name, "SKIPPED", "--budget-s spent", "")
             return
@@ -432,8 +449,9 @@ def device_busy(device, step) -> dict:
 
 
 # how a side of (c) compiles: not at all, each layer on its own, or the whole forward + loss (its backward through
-# AOT autograd) with the adaptive softmax's tail capacity (static shapes), without or with CUDA graphs
-COMPILE_MODES = {"layers": None, "whole": "max-autotune-no-cudagraphs", "graphs": "reduce-overhead"}
+# AOT autograd) with the adaptive softmax's tail capacity (static shapes), without or with CUDA graphs; inductor's
+# default mode (its max-autotune GEMM search alone ran past a 9-minute device command on the H200, 2026-11-29)
+COMPILE_MODES = {"layers": None, "whole": "default", "graphs": "reduce-overhead"}
 
 
 def compile_model(model, how: str | None, dry: bool, batches: list[dict]):
@@ -633,6 +651,8 @@ def attention_timing(check: Check, sizes: dict) -> dict:
 
 
 def section_throughput(check: Check) -> dict:
+    """The sides in the order of their worth (each skipped once --budget-s is spent): the references (GPT-2, XLNet)
+    and ours on the default path first, then the other paths and compile modes, then one layer's attention alone."""
     from modeling_xl.relative_attention_triton import available
 
     sizes = SIZES["dry" if check.dry else "real"]
@@ -640,47 +660,62 @@ def section_throughput(check: Check) -> dict:
     rate = matmul_rate(device, sizes["matmul_n"])
     out = {"matmul_flops_per_s": rate}
     check.row("c", f"torch.mm {sizes['matmul_n']}^3", "TFLOP/s (bf16 on CUDA)", rate / 1e12)
-    out["attention_ms"] = attention_timing(check, sizes)
-    sides = [("eager", "bf16"), ("sdpa", "bf16")] + ([("triton", "bf16")] if available(device.type) else [])
+    gpt2 = check.budgeted("c", "GPT-2", lambda: gpt2_side(check, sizes))
+    if gpt2 is not None:
+        out["GPT-2"] = gpt2
+    out.update(check.budgeted("c", "permutation LM sides", lambda: plm_sides(check, sizes)) or {})
+    sides = [("sdpa", "bf16"), ("eager", "bf16")] + ([("triton", "bf16")] if available(device.type) else [])
     sides += [("sdpa", "tf32")] + [(f"sdpa+{how}", "bf16") for how in COMPILE_MODES if not check.dry or how == "whole"]
     for impl, precision in sides:
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        key = f"ours [{impl}] {precision}"
         try:
-            out[f"ours [{impl}] {precision}"] = causal_lm_side(check, impl.split("+")[0], precision, sizes,
-                                                              compiled=impl.split("+")[1] if "+" in impl else None)
+            result = check.budgeted("c", key, lambda: causal_lm_side(
+                check, impl.split("+")[0], precision, sizes, compiled=impl.split("+")[1] if "+" in impl else None))
+            if result is not None:
+                out[key] = result
         except Exception as error:  # one side failing (a compiler error, say) leaves the others standing
-            out[f"ours [{impl}] {precision}"] = {"error": f"{type(error).__name__}: {error}"}
-            check.row("c", f"train ours [{impl}] {precision}", "FAILED", f"{type(error).__name__}: {str(error)[:150]}")
+            out[key] = {"error": f"{type(error).__name__}: {error}"}
+            check.row("c", f"train {key}", "FAILED", f"{type(error).__name__}: {str(error)[:150]}")
             print(traceback.format_exc(), flush=True)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = False
         check.cleanup()
-    flops = out["ours [sdpa] bf16"]["flops_per_token"]
+    attention = check.budgeted("c", "attention alone", lambda: attention_timing(check, sizes))
+    if attention is not None:
+        out["attention_ms"] = attention
+    throughput_rows(check, out, rate)
+    return out
+
+
+def throughput_rows(check: Check, out: dict, rate: float) -> None:
+    """(c)'s table rows: tokens/s, MFU and peak memory per side, with its ratio to its reference, and the device's
+    busy time in one step."""
+    flops = out.get("ours [sdpa] bf16", {}).get("flops_per_token")  # the maths of every causal path
     for key in [k for k in out if k.startswith("ours [") and "error" not in out[k]]:
         out[key].setdefault("flops_per_token", flops)
-    out.update(plm_sides(check, sizes))
-    out["GPT-2"] = gpt2_side(check, sizes)
-    reference = {"xlnet": out["transformers XLNet"]["tokens_per_s"], "gpt2": out["GPT-2"]["tokens_per_s"]}
+    reference = {name: out[key]["tokens_per_s"] for name, key in (("xlnet", "transformers XLNet"), ("gpt2", "GPT-2"))
+                 if key in out}
     for name, result in list(out.items()):
         if not isinstance(result, dict) or "tokens_per_s" not in result:
             continue
-        result["mfu"] = result["flops_per_token"] * result["tokens_per_s"] / rate
+        tokens_per_s = result["tokens_per_s"]
+        result["mfu"] = None if result["flops_per_token"] is None else result["flops_per_token"] * tokens_per_s / rate
         note = ""
         if name.startswith("ours ["):
-            rate = result["tokens_per_s"]
-            note = f"{rate / 59961:.2f}x NVIDIA A100 AMP; {rate / reference['gpt2']:.2f}x GPT-2"
-        elif name.startswith("ours (permutation"):
-            note = f"{result['tokens_per_s'] / reference['xlnet']:.2f}x XLNet (target >= 3x)"
+            note = f"{tokens_per_s / 59961:.2f}x NVIDIA A100 AMP" + (
+                f"; {tokens_per_s / reference['gpt2']:.2f}x GPT-2" if "gpt2" in reference else "")
+        elif name.startswith("ours (permutation") and "xlnet" in reference:
+            note = f"{tokens_per_s / reference['xlnet']:.2f}x XLNet (target >= 3x)"
         peak = "" if result["peak_mib"] is None else f", peak {result['peak_mib']:,.0f} MiB"
-        check.row("c", f"train {name}", "tokens/s (MFU, peak memory)",
-                  f"{result['tokens_per_s']:,.0f} ({result['mfu']:.1%}{peak})", note)
+        mfu = "MFU not counted" if result["mfu"] is None else f"{result['mfu']:.1%}"
+        check.row("c", f"train {name}", "tokens/s (MFU, peak memory)", f"{tokens_per_s:,.0f} ({mfu}{peak})", note)
         busy = result.get("device", {})
         if "busy_s" in busy:
             check.row("c", f"  {name}: device busy in one step", "ms busy / ms step (kernels)",
                       f"{busy['busy_s'] * 1e3:.1f} / {result['step_s'] * 1e3:.1f} ({busy['kernels']:,})",
                       f"host-bound: {1 - busy['busy_s'] / result['step_s']:.0%} idle"
                       if busy["busy_s"] < 0.8 * result["step_s"] else "device-bound")
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------- (d)
@@ -769,21 +804,25 @@ def section_generation(check: Check) -> dict:
              "GPT-2 [static cache, compiled]": (gpt2, {"cache_implementation": "static"}, None)}
     modes = {"greedy": dict(do_sample=False), "top-k 40": dict(do_sample=True, top_k=40)}
     out = {}
-    for batch in sizes["gen_batches"]:
+
+    def compare(batch: int, new: int, mode: str) -> None:
         prompts = zipf_ids(shape["vocab_size"], batch * sizes["gen_prompt"], seed=1).view(batch, -1).to(device)
+        rates = {}
+        for name, (model, extra, static) in sides.items():
+            if model is ours:
+                ours.static_decoding = static
+            try:
+                rates[name] = generation_rate(model, prompts, new, {**modes[mode], **extra}, sizes, device)
+            except Exception as error:  # a mode this release does not offer, say: recorded, not fatal
+                rates[name] = None
+                out[f"{name} batch={batch} new={new} {mode} error"] = f"{type(error).__name__}: {error}"
+            out[f"{name} batch={batch} new={new} {mode}"] = rates[name]
+        generation_rows(check, rates, batch, new, mode)
+
+    for batch in sizes["gen_batches"]:  # batch 1 first: the targets are there
         for new in sizes["gen_new"]:
-            for mode, kwargs in modes.items():
-                rates = {}
-                for name, (model, extra, static) in sides.items():
-                    if model is ours:
-                        ours.static_decoding = static
-                    try:
-                        rates[name] = generation_rate(model, prompts, new, {**kwargs, **extra}, sizes, device)
-                    except Exception as error:  # a mode this release does not offer, say: recorded, not fatal
-                        rates[name] = None
-                        out[f"{name} batch={batch} new={new} {mode} error"] = f"{type(error).__name__}: {error}"
-                    out[f"{name} batch={batch} new={new} {mode}"] = rates[name]
-                generation_rows(check, rates, batch, new, mode)
+            for mode in modes:
+                check.budgeted("e", f"generate batch {batch}, {new} new, {mode}", lambda: compare(batch, new, mode))
     ours.static_decoding = "eager"
     return out
 
@@ -834,6 +873,7 @@ def environment(device) -> dict:
     return env
 
 
+DEFAULT_BUDGET_S = 420.0  # with the slowest item's few minutes after it, within one 9-minute device command
 SECTIONS = {"a": section_kernels, "b": section_training, "c": section_throughput, "d": section_evaluation,
             "e": section_generation}
 
@@ -842,8 +882,9 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="the CPU at toy sizes (what the test suite runs)")
     parser.add_argument("--sections", default="abcde", help="which of a-e to run (default all)")
-    parser.add_argument("--budget-s", type=float, default=420.0,
-                        help="no section starts after this many seconds (the table says which were skipped)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help=f"no section or timed item starts after this many seconds (default "
+                             f"{DEFAULT_BUDGET_S:.0f}; none in the dry run); the table names the skipped ones")
     parser.add_argument("--output", default="benchmarks/results/gpu_check.json")
     args = parser.parse_args(argv)
     unknown = set(args.sections) - set(SECTIONS)
@@ -852,14 +893,15 @@ def main(argv=None) -> dict:
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run on a GPU machine, or pass --dry-run for the CPU at toy sizes")
     device = torch.device("cpu" if args.dry_run else "cuda")
-    check = Check(device, args.dry_run)
+    # the dry run checks every section and item unless a budget is given
+    budget = args.budget_s if args.budget_s is not None or args.dry_run else DEFAULT_BUDGET_S
+    check = Check(device, args.dry_run, None if budget is None else time.perf_counter() + budget)
     check.results["environment"] = environment(device)
     print(json.dumps(check.results["environment"]), flush=True)
-    deadline = None if args.dry_run else time.perf_counter() + args.budget_s  # the dry run checks every section
     path = Path(args.output)
     path.parent.mkdir(parents=True, exist_ok=True)
     for letter in args.sections:
-        check.section(letter, SECTIONS[letter], deadline)
+        check.section(letter, SECTIONS[letter])
         path.write_text(json.dumps(check.results, indent=1, default=str) + "\n")  # kept if a later section hangs
     from common import print_table
 

@@ -1,5 +1,6 @@
-"""benchmarks/bench_generate.py's `floor` side: the work any exact decoder pays per step in a mode that needs every
-log-probability is timed with the processors `generate` itself builds for that mode."""
+"""benchmarks/bench_generate.py's `floor` sides: the work a decoder pays per step beside its backbone in a mode that
+needs every log-probability is timed with the processors `generate` itself builds for that mode, with GPT-2's output
+product (`floor`) or ours (`floor_ours`)."""
 
 import sys
 from pathlib import Path
@@ -22,7 +23,8 @@ def test_floor_times_the_processors_generate_builds_for_the_mode(mode, expected)
     assert (config.num_beams or 1) == (4 if mode == "beam-4" else 1)
 
 
-def test_floor_worker_reports_one_time_per_call():
-    result = bench_generate.worker({"impl": "floor", "threads": 1, "batch": 2, "mode": "top-k", "new_tokens": 10,
+@pytest.mark.parametrize("impl", ["floor", "floor_ours"])
+def test_floor_worker_reports_one_time_per_call(impl):
+    result = bench_generate.worker({"impl": impl, "threads": 1, "batch": 2, "mode": "top-k", "new_tokens": 10,
                                     "calls": 3})
     assert len(result["times"]) == 3 and all(t > 0 for t in result["times"])

@@ -68,3 +68,24 @@ def test_training_curves_and_throughput_rows(dry_run):
     assert {f"triton tile {tile} table gradient {how}" for tile in ("autotune", "16 warps 1")
             for how in ("bands", "atomic")} | {"sdpa"} == set(attention)
     assert all(isinstance(ms, float) and ms > 0 for ms in attention.values()), attention
+
+
+def test_items_past_the_budget_are_skipped_and_named():
+    """--budget-s: an item (a side of (c), a comparison of (e)) that would start after the deadline is skipped with a
+    row naming it; the rows of what ran before still count, without the references that were skipped."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+    import torch
+
+    calls = []
+    late = gpu_check.Check(torch.device("cpu"), dry=True, deadline=0.0)  # spent before anything starts
+    assert late.budgeted("c", "GPT-2", lambda: calls.append("ran")) is None and calls == []
+    assert late.rows == [["c", "SKIPPED GPT-2", "--budget-s spent", "", ""]]
+    on_time = gpu_check.Check(torch.device("cpu"), dry=True, deadline=None)
+    assert on_time.budgeted("c", "GPT-2", lambda: 7) == 7 and on_time.rows == []
+
+    out = {"ours [eager] bf16": {"tokens_per_s": 1000.0, "peak_mib": None}}  # no SDPA side, no references
+    gpu_check.throughput_rows(on_time, out, rate=1e9)
+    assert out["ours [eager] bf16"]["mfu"] is None
+    assert on_time.rows == [["c", "train ours [eager] bf16", "tokens/s (MFU, peak memory)", "1,000 (MFU not counted)",
+                             "0.02x NVIDIA A100 AMP"]]
