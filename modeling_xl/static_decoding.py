@@ -86,9 +86,19 @@ class DecodeState:
         return tuple(hidden.index_select(1, order) for hidden in self.hiddens)
 
     def reorder_(self, index: torch.Tensor) -> "DecodeState":
-        """Beam search: every buffer's rows follow `index` (in place, so a captured step keeps reading them)."""
-        for buffer in (*self.keys, *self.values, *(self.hiddens or ()), self.real):
-            buffer.copy_(buffer.index_select(0, index.to(buffer.device)))
+        """Beam search: every buffer's rows follow `index`. On CUDA in place, so that a captured CUDA graph keeps
+        reading them at their addresses; elsewhere each buffer is replaced by its reordered copy (one pass over the
+        memory instead of two; a compiled step reads the new tensors without recompiling)."""
+        index = index.to(self.real.device)
+        if self.real.device.type == "cuda":
+            for buffer in (*self.keys, *self.values, *(self.hiddens or ()), self.real):
+                buffer.copy_(buffer.index_select(0, index))
+            return self
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
+        if self.hiddens is not None:
+            self.hiddens = [h.index_select(0, index) for h in self.hiddens]
+        self.real = self.real.index_select(0, index)
         return self
 
     @torch.no_grad()
