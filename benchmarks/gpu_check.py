@@ -86,6 +86,7 @@ class Check:
 
     def row(self, section, item, metric, value, note=""):
         self.rows.append([section, item, metric, value, note])
+        print(" | ".join(map(str, self.rows[-1])), flush=True)  # kept in the log if the command is cut short
 
     def spent(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline

@@ -70,16 +70,18 @@ def carry_memory(kept: tuple[torch.Tensor, ...] | None, new: tuple[torch.Tensor,
     `update_memory` returns new tensors at every step. A step captured as a CUDA graph (torch.compile's
     "reduce-overhead") needs its inputs at fixed addresses, and its outputs live in the graph's pool, overwritten by
     its next replay; copying each new memory into one fixed buffer per layer serves both. Call it after the backward
-    of the step that read `kept` (its graph may have saved them). `new` itself is kept (and, on CUDA, marked as a
-    static address for CUDA graphs) where nothing fits: no memory yet, a memory still filling (its length grows),
-    another dtype or device, or storage shared with `kept`. Returns the tensors to pass as the next `mems`.
+    of the step that read `kept` (its graph may have saved them). Where nothing fits (no memory yet, a memory still
+    filling: its length grows, another dtype or device, or storage shared with `kept`) `new` itself is kept; on CUDA
+    a copy of it, outside any graph's memory pool (a later replay would overwrite the graph's own output), marked as
+    a static address for CUDA graphs. Returns the tensors to pass as the next `mems`.
 
     Example: mem_len 4, segments of 2: step 1 reads None and keeps its new [B, 2, d]; step 2 reads it and keeps the
     new [B, 4, d]; steps 3, 4, ... write into that one."""
     if kept is None or new is None or len(kept) != len(new) or any(
             k.shape != n.shape or k.dtype != n.dtype or k.device != n.device
             or k.untyped_storage().data_ptr() == n.untyped_storage().data_ptr() for k, n in zip(kept, new)):
-        if new is not None:
+        if new is not None and any(n.is_cuda for n in new):
+            new = tuple(n.clone() if n.is_cuda else n for n in new)
             for n in new:
                 if n.is_cuda:
                     torch._dynamo.mark_static_address(n, guard=False)

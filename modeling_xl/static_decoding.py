@@ -55,6 +55,9 @@ class DecodeState:
         table = sinusoid_table(distances, cfg.d_model, dtype)  # [R, d]
         self.positions = [layer.attn.project_positions(table) for layer in backbone.layers]  # [H, R, D] each
         self.compiled_step = None
+        if torch.device(device).type == "cuda":  # the step writes them in place: a CUDA graph may, at fixed addresses
+            for buffer in (*self.keys, *self.values, *(self.hiddens or ()), self.real, self.pointer):
+                torch._dynamo.mark_static_address(buffer, guard=False)
 
     @classmethod
     @torch.no_grad()
