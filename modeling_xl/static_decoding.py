@@ -56,8 +56,12 @@ class DecodeState:
         self.positions = [layer.attn.project_positions(table) for layer in backbone.layers]  # [H, R, D] each
         self.compiled_step = None
         if torch.device(device).type == "cuda":  # the step writes them in place: a CUDA graph may, at fixed addresses
-            for buffer in (*self.keys, *self.values, *(self.hiddens or ()), self.real, self.pointer):
+            for buffer in (*self.rows(), self.pointer):
                 torch._dynamo.mark_static_address(buffer, guard=False)
+
+    def rows(self) -> tuple[torch.Tensor, ...]:
+        """Every buffer with a row per sequence (dim 0): keys, values, hidden states if kept, and the written mask."""
+        return (*self.keys, *self.values, *(self.hiddens or ()), self.real)
 
     @classmethod
     @torch.no_grad()
@@ -94,7 +98,7 @@ class DecodeState:
         memory instead of two; a compiled step reads the new tensors without recompiling)."""
         index = index.to(self.real.device)
         if self.real.device.type == "cuda":
-            for buffer in (*self.keys, *self.values, *(self.hiddens or ()), self.real):
+            for buffer in self.rows():
                 buffer.copy_(buffer.index_select(0, index))
             return self
         self.keys = [k.index_select(0, index) for k in self.keys]
