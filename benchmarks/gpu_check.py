@@ -778,12 +778,14 @@ def section_generation(check: Check) -> dict:
     (the memory as ring buffers; `static_decoding` "eager" and "compiled", on CUDA a CUDA graph captured once) against
     GPT-2 of the same depth and width in both of transformers' modes (its dynamic cache, and its static cache, which
     transformers compiles on CUDA): each ratio is against GPT-2's better one. Ours should take the same time per
-    token at 1,000 new tokens as at 200 (the memory's size never changes)."""
+    token at 1,000 new tokens as at 200 (the memory's size never changes). `generate` with a model that costs
+    nothing (`loop_alone_class`) gives the bound of those ratios."""
     from bench_generate import SHAPE
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 
+    GenerateLoopAlone = loop_alone_class()
     sizes = SIZES["dry" if check.dry else "real"]
     device = check.device
     shape = dict(SHAPE, vocab_size=300, cutoffs=[20, 40, 200], d_model=32, d_embed=32, d_inner=64, n_head=2,
@@ -793,7 +795,8 @@ def section_generation(check: Check) -> dict:
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=shape["vocab_size"], n_positions=1024 + 64, n_embd=shape["d_model"],
                                       n_layer=shape["n_layer"], n_head=shape["n_head"], n_inner=shape["d_inner"],
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-    for model in (ours, gpt2):
+    loop = GenerateLoopAlone(GPT2Config(vocab_size=shape["vocab_size"]))
+    for model in (ours, gpt2, loop):
         model.to(device).eval()
         for config in (model.config, model.generation_config):
             config.eos_token_id = None
@@ -802,7 +805,8 @@ def section_generation(check: Check) -> dict:
         ours.static_decoding_options = {"backend": "aot_eager"}
     sides = {"ours [eager]": (ours, {}, "eager"), "ours [compiled]": (ours, {}, "compiled"),
              "GPT-2 [dynamic cache]": (gpt2, {}, None),
-             "GPT-2 [static cache, compiled]": (gpt2, {"cache_implementation": "static"}, None)}
+             "GPT-2 [static cache, compiled]": (gpt2, {"cache_implementation": "static"}, None),
+             LOOP_ALONE: (loop, {}, None)}
     modes = {"greedy": dict(do_sample=False), "top-k 40": dict(do_sample=True, top_k=40)}
     out = {}
 
@@ -826,6 +830,31 @@ def section_generation(check: Check) -> dict:
                 check.budgeted("e", f"generate batch {batch}, {new} new, {mode}", lambda: compare(batch, new, mode))
     ours.static_decoding = "eager"
     return out
+
+
+LOOP_ALONE = "generate() alone"
+
+
+def loop_alone_class():
+    """A model that costs nothing: its forward returns the same logits (zeros over the vocabulary) for the last
+    position, so that `generate` with it times transformers' own loop per token (inputs, logits processors, token
+    choice, stopping criteria): the least that any model pays through `generate`, and so the bound of every ratio to
+    GPT-2 there."""
+    from transformers import GenerationMixin, GPT2Config, PreTrainedModel
+    from transformers.modeling_outputs import CausalLMOutput
+
+    class GenerateLoopAlone(PreTrainedModel, GenerationMixin):
+        config_class = GPT2Config
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.logits = torch.nn.Parameter(torch.zeros(1, 1, config.vocab_size))
+            self.post_init()
+
+        def forward(self, input_ids=None, **kwargs):
+            return CausalLMOutput(logits=self.logits.expand(input_ids.size(0), 1, -1))
+
+    return GenerateLoopAlone
 
 
 def generation_rate(model, prompts, new: int, kwargs: dict, sizes: dict, device) -> float:
@@ -857,6 +886,11 @@ def generation_rows(check: Check, rates: dict, batch: int, new: int, mode: str) 
     if gpt2 is not None:
         check.row("e", f"generate GPT-2 batch {batch}, {new} new, {mode}", "new tokens/s (its best mode)",
                   f"{gpt2:,.0f}", best)
+    loop = rates.get(LOOP_ALONE)
+    if loop:  # the most any model reaches through `generate`
+        note = "" if gpt2 is None else f"{loop / gpt2:.2f}x {best}: the bound of every ratio above"
+        check.row("e", f"{LOOP_ALONE}, a model that costs nothing, batch {batch}, {new} new, {mode}",
+                  "new tokens/s", f"{loop:,.0f}", note)
 
 
 def environment(device) -> dict:

@@ -67,11 +67,23 @@ class MemoryGenerationMixin(GenerationMixin):
             if missing > 0:  # the caller's memory came before the prompt: real tokens
                 mask = torch.cat([mask.new_ones(mask.size(0), missing), mask], dim=1)
             real = mask[:, mask.size(1) - mems[0].size(1):]
+        if self.static_decoding != "compiled":
+            return DecodeState.from_mems(self.transformer, mems, real)
+        return self._compiled_decode_state(mems, real)
+
+    def _compiled_decode_state(self, mems, real) -> DecodeState:
+        """The model keeps the state of its last compiled generation and loads the new memory into its buffers when
+        the rows, device and dtype match: the compiled step (on CUDA a CUDA graph of those buffers' addresses) is then
+        captured once for every `generate` call, as transformers keeps its static cache. Else a new state is built and
+        its step compiled. (So two `generate` calls of one model must not run at once with "compiled".)"""
+        options = {"mode": "reduce-overhead"} if self.device.type == "cuda" else {}  # CUDA graphs: captured once
+        options.update(self.static_decoding_options)
+        kept_options, state = getattr(self, "_compiled_decoding", (None, None))  # a plain attribute: not saved
+        if state is not None and kept_options == options and state.fits(self.transformer, mems):
+            return state.load_(mems, real)
         state = DecodeState.from_mems(self.transformer, mems, real)
-        if self.static_decoding == "compiled":
-            options = {"mode": "reduce-overhead"} if self.device.type == "cuda" else {}  # CUDA graphs: captured once
-            state.compiled_step = torch.compile(state._step, fullgraph=True, **{**options,
-                                                                                **self.static_decoding_options})
+        state.compiled_step = torch.compile(state._step, fullgraph=True, **options)
+        self._compiled_decoding = (options, state)
         return state
 
     def prepare_inputs_for_generation(self, input_ids, mems=None, attention_mask=None, mems_hold_input=False,

@@ -50,13 +50,14 @@ class DecodeState:
                         for _ in range(layers)] if keep_hiddens else None
         self.real = torch.zeros(batch, self.slots, dtype=torch.bool, device=device)  # written, and not padding
         self.pointer = torch.zeros((), dtype=torch.long, device=device)  # the next slot to write (the oldest)
+        self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)  # the step's input
         self.filled = 0  # slots written so far (at most M)
         distances = relative_positions(self.slots + 1, clamp_len=cfg.clamp_len).flip(0).to(device)  # 0..M, clamped
-        table = sinusoid_table(distances, cfg.d_model, dtype)  # [R, d]
-        self.positions = [layer.attn.project_positions(table) for layer in backbone.layers]  # [H, R, D] each
+        self.table = sinusoid_table(distances, cfg.d_model, dtype)  # [R, d]
+        self.positions = [layer.attn.project_positions(self.table) for layer in backbone.layers]  # [H, R, D] each
         self.compiled_step = None
-        if torch.device(device).type == "cuda":  # the step writes them in place: a CUDA graph may, at fixed addresses
-            for buffer in (*self.rows(), self.pointer):
+        if torch.device(device).type == "cuda":  # written in place (`step`, `load_`): a CUDA graph reads them there
+            for buffer in (*self.rows(), *self.positions, self.pointer, self.token):
                 torch._dynamo.mark_static_address(buffer, guard=False)
 
     def rows(self) -> tuple[torch.Tensor, ...]:
@@ -69,19 +70,40 @@ class DecodeState:
                   keep_hiddens: bool = False) -> "DecodeState":
         """The state whose memory is `mems` (n_layer tensors [B, M', d], M' <= mem_len, oldest first); `real` [B, M']
         marks the positions that are not padding (default: all)."""
-        batch, length = mems[0].shape[:2]
-        state = cls(backbone, batch, mems[0].device, mems[0].dtype, keep_hiddens)
+        state = cls(backbone, mems[0].size(0), mems[0].device, mems[0].dtype, keep_hiddens)
+        return state.load_(mems, real, positions=False)
+
+    def fits(self, backbone, mems: tuple[torch.Tensor, ...], keep_hiddens: bool = False) -> bool:
+        """Whether `load_(mems)` can reuse this state's buffers: the same backbone, rows, device and dtype."""
+        return (backbone is self.backbone and (self.hiddens is not None) == keep_hiddens
+                and mems[0].shape[0] == self.real.size(0) and mems[0].device == self.real.device
+                and mems[0].dtype == self.keys[0].dtype)
+
+    @torch.no_grad()
+    def load_(self, mems: tuple[torch.Tensor, ...], real: torch.Tensor | None = None,
+              positions: bool = True) -> "DecodeState":
+        """The memory becomes `mems` (as in `from_mems`), written into the buffers this state already has, so that a
+        step captured as a CUDA graph keeps reading them at their addresses; with `positions`, the projected distance
+        table is computed again too (the weights may have changed since)."""
+        length = mems[0].size(1)
+        if length > self.slots:
+            raise ValueError(f"mems hold {length} positions; expected at most mem_len = {self.slots}")
+        for buffer in self.rows():
+            buffer.zero_()
+        if positions:
+            for projected, layer in zip(self.positions, self.backbone.layers):
+                projected.copy_(layer.attn.project_positions(self.table))
         if length:
-            for i, (layer, keys, values, mem) in enumerate(zip(backbone.layers, state.keys, state.values, mems)):
+            for i, (layer, keys, values, mem) in enumerate(zip(self.backbone.layers, self.keys, self.values, mems)):
                 mem_keys, mem_values = layer.attn.memory_keys_values(mem)  # [B, H, M', D] each
-                if keep_hiddens:
-                    state.hiddens[i][:, :length] = mem
+                if self.hiddens is not None:
+                    self.hiddens[i][:, :length] = mem
                 keys[:, :, :length] = mem_keys
                 values[:, :, :length] = mem_values
-            state.real[:, :length] = True if real is None else real.to(torch.bool)
-            state.pointer.fill_(length % state.slots)
-            state.filled = length
-        return state
+            self.real[:, :length] = True if real is None else real.to(torch.bool)
+        self.pointer.fill_(length % self.slots)
+        self.filled = length
+        return self
 
     def to_mems(self) -> tuple[torch.Tensor, ...]:
         """The memory as a forward returns it: n_layer tensors [B, M', d], oldest first (M' the slots written)."""
@@ -113,7 +135,8 @@ class DecodeState:
         """The last hidden state [B, 1, d] of the backbone for one new token per row, input_ids [B, 1]; the token's
         layer inputs, keys and values are written into the oldest slot."""
         step = self.compiled_step if self.compiled_step is not None else self._step
-        hidden = step(input_ids)
+        self.token.copy_(input_ids)  # one layout whatever the caller sliced it from: a compiled step never recompiles
+        hidden = step(self.token)
         self.filled = min(self.filled + 1, self.slots)
         return hidden
 

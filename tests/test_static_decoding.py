@@ -117,3 +117,38 @@ def test_the_step_compiles_once_and_is_never_recompiled():
                 eager.reorder_(order), compiled.reorder_(order)
     torch._dynamo.reset()
     assert compiled_at == [0]
+
+
+def test_compiled_generation_captures_once_for_every_generate_call():
+    """The model keeps its compiled decode state: later `generate` calls of the same rows load their memory into the
+    same buffers (a CUDA graph reads fixed addresses) and compile nothing more. Each call gives eager's tokens,
+    with another prompt, a padded one, and after the weights changed; other rows get a state of their own."""
+    torch._dynamo.reset()
+    model = small_lm()
+    compiled_at = []
+
+    def counting_backend(graph, example_inputs):
+        compiled_at.append(len(compiled_at))
+        return aot_eager(graph, example_inputs)
+
+    model.static_decoding_options = {"backend": counting_backend}
+    g = torch.Generator().manual_seed(5)
+    first, second = (torch.randint(1, VOCAB, (2, length), generator=g) for length in (5, 3))
+    mask = torch.ones_like(second)
+    mask[1, 0] = 0
+    addresses = []
+    for ids, kwargs in ((first, {}), (second, {"attention_mask": mask}), (first, {"weights_changed": True})):
+        if kwargs.pop("weights_changed", False):
+            with torch.no_grad():
+                model.transformer.layers[0].attn.r_net.weight.mul_(1.5)  # the projected distance table changes
+        tokens = {}
+        for mode in ("eager", "compiled"):
+            model.static_decoding = mode
+            tokens[mode] = model.generate(ids, max_new_tokens=9, do_sample=False, pad_token_id=0, **kwargs)
+        assert torch.equal(tokens["compiled"], tokens["eager"])
+        addresses.append(model._compiled_decoding[1].keys[0].data_ptr())
+    assert compiled_at == [0] and len(set(addresses)) == 1
+    model.static_decoding = "compiled"
+    model.generate(first[:1], max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert model._compiled_decoding[1].real.size(0) == 1
+    torch._dynamo.reset()
