@@ -7,11 +7,11 @@
   (tests/test_adaptive_softmax.py).
 - The full distribution without gradients (`full_log_probs`, sampling and logits processors): with one shared
   table (div_val 1, no projections) one product for every token of every cluster and each cluster's log-softmax
-  written back over its columns, as a plain output layer writes its logits; greedy decoding (`argmax_log_probs`) skips
-  the tail clusters that cannot hold a row's best token.
+  written back over its columns, as a plain output layer writes its logits; greedy decoding and top-k sampling
+  (`top_k_log_probs`) skip the tail clusters that cannot hold one of a row's k best tokens.
 - `few_row_logits`: the products of a few rows against a table.
 Per-forward state (which table's gradient is deferred, whether `generate` decodes greedily) is held in context
-variables set by the heads for the duration of one call (`deferred_table_gradient`, `greedy_decoding`), never in a
+variables set by the heads for the duration of one call (`deferred_table_gradient`, `top_k_decoding`), never in a
 forward signature.
 """
 
@@ -324,29 +324,38 @@ def every_cluster_logits(softmax, hiddens: list[torch.Tensor],
 
 
 def argmax_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor:
+    """`top_k_log_probs` with k = 1: what greedy decoding needs."""
+    return top_k_log_probs(softmax, hidden, 1)
+
+
+def top_k_log_probs(softmax, hidden: torch.Tensor, k: int) -> torch.Tensor:
     """Log-probabilities [N, V] (float32) as `forward(hidden)` gives them, except for tail clusters that cannot
-    hold a row's most likely token: there they are -inf for that row (`softmax` an `AdaptiveLogSoftmax`). What
-    greedy decoding needs, at a fraction of the cost.
+    hold one of a row's k most likely tokens: there they are -inf for that row (`softmax` an `AdaptiveLogSoftmax`).
+    What greedy decoding (k = 1) and top-k sampling need, at a fraction of the cost.
 
     A tail token's log-probability is log P(cluster) + log P(token | cluster) <= log P(cluster). Clusters are
-    visited in id order; once a row has a token at least as likely as a cluster (ties go to the lower id, as
-    `argmax` does), none of that cluster's tokens can be the row's argmax, and the cluster's logits are computed
-    only for the other rows. A trained model's greedy choice is mostly a frequent (shortlist) word, so a step
-    multiplies by the head's `shortlist + n_clusters` rows instead of the whole vocabulary's (33,278 x 256 ->
-    2,003 x 256 floats read per token at the d_model 256 benchmark shape), and a batch pays for a tail only on
-    the rows that may need it.
+    visited in id order; once a row has k tokens at least as likely as a cluster, none of that cluster's tokens can
+    rank above them, and the cluster's logits are computed only for the other rows. (k = 1: a tie goes to the lower
+    id, as `argmax` does, so a cluster is needed only where it is strictly more likely than the best so far; k > 1:
+    transformers' top-k keeps every token tied with the k-th, so a tie counts as needed.) A trained model's likely
+    words are mostly frequent (shortlist) words, so a step multiplies by the head's `shortlist + n_clusters` rows
+    instead of the whole vocabulary's (33,278 x 256 -> 2,003 x 256 floats read per token at the d_model 256
+    benchmark shape), and a batch pays for a tail only on the rows that may need it.
 
     Entries are `softmax.log_probs`': the same products, bit for bit where every row computes a cluster; where only
     some rows do, the tail's product runs over those rows only, which may round differently (float32: about 1e-7
-    relative), so the argmax can differ from `forward`'s only between tokens whose log-probabilities are that
-    close."""
+    relative), so the chosen tokens can differ from `forward`'s only between tokens whose log-probabilities are
+    that close."""
     weights = softmax.cluster_weights()
     head_logprob = torch.log_softmax(softmax.cluster_logits(hidden, 0, weights), dim=-1)
     parts = [head_logprob[:, : softmax.shortlist]]
-    best = parts[0].max(dim=-1).values  # [N] the best log-probability found so far in each row
+    best = parts[0].topk(min(k, softmax.shortlist), dim=-1).values  # [N, <= k] the k best found so far per row
     for i in range(1, softmax.n_clusters + 1):
         cluster_logprob = head_logprob[:, softmax.shortlist + i - 1]
-        needed = cluster_logprob > best  # rows where this cluster may hold the best token
+        if best.size(1) < k:  # fewer than k tokens seen: every row may need this cluster
+            needed = torch.ones_like(cluster_logprob, dtype=torch.bool)
+        else:
+            needed = cluster_logprob > best[:, -1] if k == 1 else cluster_logprob >= best[:, -1]
         count = int(needed.sum())
         if count == hidden.size(0):  # every row: forward's own product
             part = cluster_logprob[:, None] + torch.log_softmax(softmax.cluster_logits(hidden, i, weights), dim=-1)
@@ -358,15 +367,16 @@ def argmax_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor:
                 tail = torch.log_softmax(softmax.cluster_logits(hidden[rows], i, weights), dim=-1)
                 part[rows] = cluster_logprob[rows, None] + tail
         if count:
-            best = torch.maximum(best, part.max(dim=-1).values)
+            candidates = torch.cat([best, part], dim=-1)
+            best = candidates.topk(min(k, candidates.size(1)), dim=-1).values
         parts.append(part)
     return torch.cat(parts, dim=-1)
 
 
 # The TableGradient of the forward in progress (set by the LM heads around one forward), and the softmax that
-# greedy `generate` is decoding with (set around its loop).
+# `generate` is decoding with greedily or by top-k sampling, with its k (set around its loop).
 _DEFERRED: ContextVar["TableGradient | None"] = ContextVar("deferred_table_gradient", default=None)
-_GREEDY: ContextVar[object | None] = ContextVar("greedy_softmax", default=None)
+_TOP_K: ContextVar[tuple[object, int] | None] = ContextVar("top_k_softmax", default=None)
 
 
 @contextlib.contextmanager
@@ -394,14 +404,20 @@ def active_table_gradient(weight: torch.Tensor) -> "TableGradient | None":
 
 
 @contextlib.contextmanager
-def greedy_decoding(softmax: nn.Module):
-    """Within the block, `softmax`'s full distribution is asked for by greedy decoding whose scores nothing else reads:
-    `full_log_probs` gives `argmax_log_probs` (the same argmax, tail clusters that cannot hold it left at -inf)."""
-    token = _GREEDY.set(softmax)
+def top_k_decoding(softmax: nn.Module, k: int):
+    """Within the block, `softmax`'s full distribution is asked for by decoding that reads only each row's k most
+    likely tokens (greedy decoding: k = 1; top-k sampling) and no other score: `full_log_probs` gives
+    `top_k_log_probs` (the same k best, tail clusters that cannot hold one of them left at -inf)."""
+    token = _TOP_K.set((softmax, k))
     try:
         yield
     finally:
-        _GREEDY.reset(token)
+        _TOP_K.reset(token)
+
+
+def greedy_decoding(softmax: nn.Module):
+    """`top_k_decoding` with k = 1: greedy decoding whose scores nothing else reads."""
+    return top_k_decoding(softmax, 1)
 
 
 def embedding_lookup(embedding: nn.Module, input_ids: torch.Tensor) -> torch.Tensor | None:
@@ -437,7 +453,7 @@ def shared_table_nll(softmax, hidden: torch.Tensor, targets: torch.Tensor) -> to
 
 
 def full_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor | None:
-    """`softmax.log_probs(hidden)` [N, V] without gradients: under `greedy_decoding` `argmax_log_probs`; with one
+    """`softmax.log_probs(hidden)` [N, V] without gradients: under `top_k_decoding` `top_k_log_probs`; with one
     shared table as wide as the model (div_val 1, no projections) one product of every token's row, [N, V], plus the
     cluster logits [N, C]; then each cluster's log-softmax, plus log P(cluster) for the tails, written back over its
     columns, so that the distribution is one buffer written once, as a plain output layer writes its logits. (A
@@ -445,8 +461,9 @@ def full_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor | None:
     (generation) the products take `few_row_logits`' form, table @ hidden^T. None elsewhere (the reference runs)."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():  # the buffer is written in place
         return None
-    if _GREEDY.get() is softmax:
-        return argmax_log_probs(softmax, hidden)
+    decoding = _TOP_K.get()
+    if decoding is not None and decoding[0] is softmax:
+        return argmax_log_probs(softmax, hidden) if decoding[1] == 1 else top_k_log_probs(softmax, hidden, decoding[1])
     if softmax.div_val != 1 or len(softmax.out_projs) or torch.is_autocast_enabled(hidden.device.type):
         return None
     layer = softmax.out_layers[0]

@@ -7,7 +7,8 @@ length changes. transformers carries a key/value cache that grows with every tok
   mask is cut to the memory's tokens plus the fed ones.
 - `_expand_inputs_for_generation`: a caller's `mems` repeated for `num_beams` / `num_return_sequences`.
 - `_reorder_cache`: beam search reorders the memory rows (and the keys and values kept for them).
-- `_sample`: greedy decoding skips the adaptive softmax's tail clusters that cannot hold the best token.
+- `_sample`: greedy decoding and top-k sampling skip the adaptive softmax's tail clusters that cannot hold one of a
+  row's k best tokens.
 After the prompt's forward, the memory becomes a `static_decoding.DecodeState` (ring buffers of `mem_len` slots):
 every later step has the same shapes, and runs as plain ops on them (`static_decoding = "eager"`, the default), compiled
 (`"compiled"`: `torch.compile`, on CUDA with CUDA graphs) or not at all (None: every step is the backbone's forward).
@@ -19,10 +20,24 @@ import contextlib
 
 import torch
 from transformers import GenerationMixin
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
 from .inference_cache import enabled as cache_enabled
 from .kernel_registry import kernel
 from .static_decoding import DecodeState
+
+
+def tokens_read(logits_processor, do_sample: bool) -> int | None:
+    """k when the token chosen from each row's scores depends only on its k most likely tokens, whatever the rest
+    are: the processors up to a top-k filter only divide by a temperature (order-preserving), and every token below
+    the k-th is then -inf; greedy decoding with no processor reads k = 1. None when a processor may reorder the scores
+    first (repetition penalty, bad words, ...) or nothing filters them (sampling from the whole distribution)."""
+    for processor in logits_processor or ():
+        if isinstance(processor, TopKLogitsWarper):
+            return processor.top_k
+        if not isinstance(processor, TemperatureLogitsWarper):
+            return None
+    return None if do_sample else 1
 
 
 class MemoryGenerationMixin(GenerationMixin):
@@ -110,17 +125,17 @@ class MemoryGenerationMixin(GenerationMixin):
         return inputs
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **model_kwargs):
-        """transformers' greedy/sampling loop; greedy decoding whose scores nothing else reads runs inside the
-        "greedy_decoding" kernel's context: the log-probabilities of tail clusters that cannot hold the best token
-        are left at -inf instead of computed, which gives the same tokens. Not with sampling, logits processors
-        (they may lower the best token: repetition penalty, bad words, ...), nor when scores or logits are
-        returned."""
+        """transformers' greedy/sampling loop. Where the tokens chosen depend only on each row's k most likely tokens
+        (`tokens_read`: greedy decoding, k = 1, or top-k sampling) and no score is returned, the loop runs inside
+        the "top_k_decoding" kernel's context: the log-probabilities of tail clusters that cannot hold one of those k
+        tokens are left at -inf instead of computed, which gives the same tokens."""
         scores_returned = generation_config.return_dict_in_generate and (
             generation_config.output_scores or generation_config.output_logits)
-        greedy = kernel("greedy_decoding", self.device.type)
+        top_k = kernel("top_k_decoding", self.device.type)
+        k = tokens_read(logits_processor, generation_config.do_sample)
         context = contextlib.nullcontext()
-        if greedy is not None and not generation_config.do_sample and not logits_processor and not scores_returned:
-            context = greedy(self.lm_head)
+        if top_k is not None and k is not None and k < self.lm_head.shortlist and not scores_returned:
+            context = top_k(self.lm_head, k)
         with context:
             return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, *args,
                                    **model_kwargs)

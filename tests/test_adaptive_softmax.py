@@ -9,7 +9,12 @@ import warm_launch
 
 from modeling_xl import TransformerXLConfig
 from modeling_xl.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
-from modeling_xl.adaptive_softmax_fused import GatheredLogSoftmax, argmax_log_probs, deferred_table_gradient
+from modeling_xl.adaptive_softmax_fused import (
+    GatheredLogSoftmax,
+    argmax_log_probs,
+    deferred_table_gradient,
+    top_k_log_probs,
+)
 
 
 def make(div_val=2, cutoffs=(20, 50), d_embed=16, d_model=16, vocab=97):
@@ -342,7 +347,7 @@ def test_argmax_log_probs_equal_forward_where_computed_and_keep_the_argmax(div_v
     if cluster_bias < 0:
         assert not computed[:, crit.shortlist:].any()  # every tail skipped
     if cluster_bias > 0:
-        assert computed[:, : crit.bounds[1][1]].all()  # every row: the first tail (far likelier than any shortlist word)
+        assert computed[:, : crit.bounds[1][1]].all()  # every row: the first tail (likelier than any shortlist word)
 
 
 def test_argmax_log_probs_compute_a_tail_only_for_the_rows_that_may_need_it():
@@ -370,6 +375,37 @@ def test_argmax_log_probs_compute_a_tail_only_for_the_rows_that_may_need_it():
     for row in range(6):  # each row as if alone
         alone = argmax_log_probs(crit, h[row:row + 1])[0]
         assert torch.equal(torch.isfinite(alone), computed[row])
+
+
+@pytest.mark.parametrize("div_val", [1, 2])
+@pytest.mark.parametrize("cluster_bias", [-6.0, 0.0, 6.0])
+@pytest.mark.parametrize("k", [2, 5])
+def test_top_k_log_probs_give_the_top_k_filter_the_same_scores(k, cluster_bias, div_val):
+    """Top-k log-probs: every entry is forward's or -inf, and transformers' top-k filter (after a temperature) turns
+    them into forward's filtered scores exactly, so sampling draws the same tokens; a cluster is skipped for a row
+    only when its probability is below that row's k-th best token."""
+    from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+
+    cfg, _, crit = make(div_val=div_val)
+    with torch.no_grad():
+        crit.cluster_bias.fill_(cluster_bias)
+    h = torch.randn(9, 16)
+    with torch.no_grad():
+        full, fast = crit.log_probs(h), top_k_log_probs(crit, h, k)
+    computed = torch.isfinite(fast)
+    torch.testing.assert_close(fast[computed], full[computed], rtol=1e-6, atol=1e-6)
+    warp = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(k)])
+    kept_fast, kept_full = warp(None, fast.clone()), warp(None, full.clone())
+    assert torch.equal(torch.isfinite(kept_fast), torch.isfinite(kept_full))
+    torch.testing.assert_close(kept_fast, kept_full, rtol=1e-6, atol=1e-6)
+    kth = full.topk(k, dim=-1).values[:, -1]
+    for lo, hi in crit.bounds[1:]:
+        skipped = ~computed[:, lo]
+        assert (full[skipped, lo:hi].logsumexp(-1) < kth[skipped] + 1e-5).all()  # P(cluster) below the k-th best
+    if cluster_bias < 0:
+        assert not computed[:, crit.shortlist:].any()  # every tail skipped
+    if cluster_bias > 0:
+        assert computed[:, : crit.bounds[1][1]].all()  # every row: the first tail (likelier than any shortlist word)
 
 
 @pytest.mark.parametrize("div_val", [1, 2])

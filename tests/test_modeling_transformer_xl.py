@@ -641,6 +641,55 @@ def test_float64_model_builds_its_position_table_in_float64():
 
 
 @pytest.mark.parametrize("cluster_bias", [-4.0, 0.0, 2.0])
+@pytest.mark.parametrize("sampling", [dict(top_k=10), dict(top_k=6, temperature=0.7, top_p=0.9)],
+                         ids=["top-k", "temperature-top-k-top-p"])
+def test_top_k_sampling_with_skipped_tails_draws_the_plain_paths_tokens(sampling, cluster_bias, monkeypatch):
+    """Sampling whose processors start with a temperature and a top-k filter runs in the "top_k_decoding" context
+    (tails that cannot hold one of a row's k best tokens are not computed) and draws, from the same seed, the tokens
+    of the plain path (taken when scores are returned), with tails skipped and computed."""
+    model = spiced(model_for(mem_len=6, cutoffs=[20, 50]))
+    with torch.no_grad():
+        model.lm_head.cluster_bias.fill_(cluster_bias)
+    from modeling_xl import adaptive_softmax_fused as softmax_kernels
+
+    calls = []
+    fast = softmax_kernels.top_k_log_probs
+    monkeypatch.setattr(softmax_kernels, "top_k_log_probs",
+                        lambda softmax, hidden, k: calls.append(k) or fast(softmax, hidden, k))
+    x = torch.randint(1, 97, (3, 5))
+    kwargs = dict(max_new_tokens=12, do_sample=True, pad_token_id=0, eos_token_id=None, **sampling)
+    torch.manual_seed(0)
+    skipping = model.generate(x, **kwargs)
+    assert calls == [sampling["top_k"]] * 12
+    torch.manual_seed(0)
+    plain = model.generate(x, output_scores=True, return_dict_in_generate=True, **kwargs)
+    assert len(calls) == 12 and torch.equal(skipping, plain.sequences)
+    model.generate(x, **dict(kwargs, top_k=None, top_p=0.9))  # transformers' default top-k (50) > the shortlist
+    model.generate(x, **dict(kwargs, repetition_penalty=1.3))  # a processor before the filter: the plain path
+    assert len(calls) == 12
+
+
+def test_tokens_read_by_a_processor_list():
+    """k for greedy decoding (1) and for processors that start with order-preserving temperatures and a top-k
+    filter; None when a processor may reorder the scores before the filter, or when nothing filters a sample."""
+    from transformers.generation.logits_process import (
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    from modeling_xl.memory_generation import tokens_read
+
+    assert tokens_read([], do_sample=False) == 1 and tokens_read([], do_sample=True) is None
+    assert tokens_read([TemperatureLogitsWarper(0.8), TopKLogitsWarper(40), TopPLogitsWarper(0.9)], True) == 40
+    assert tokens_read([TopKLogitsWarper(3, min_tokens_to_keep=5)], True) == 5
+    assert tokens_read([RepetitionPenaltyLogitsProcessor(1.2), TopKLogitsWarper(40)], True) is None
+    assert tokens_read([TemperatureLogitsWarper(0.8), TopPLogitsWarper(0.9)], True) is None
+    assert tokens_read([TemperatureLogitsWarper(0.8)], False) == 1
+
+
+@pytest.mark.parametrize("cluster_bias", [-4.0, 0.0, 2.0])
 def test_greedy_generate_with_argmax_only_log_probs_equals_the_plain_path(cluster_bias, monkeypatch):
     """Greedy `generate` runs in the "greedy_decoding" context (tail clusters that cannot hold the best token are not
     computed); the tokens equal the plain path's (taken when scores are returned) and the hand-written loop's, over
