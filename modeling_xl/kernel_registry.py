@@ -25,7 +25,8 @@ torch's scaled_dot_product_attention (every device), `_triton` Triton code (CUDA
 | embedding, tied_output | the modules themselves | `adaptive_softmax_fused.embedding_lookup`, `tied_output_logits` (within that context), every device |
 | adaptive_softmax_nll | `AdaptiveLogSoftmax.nll` | `adaptive_softmax_fused.shared_table_nll`, every device |
 | adaptive_log_probs | `AdaptiveLogSoftmax.log_probs` | `adaptive_softmax_fused.full_log_probs` (one product, written once; greedy and top-k: tails skipped), every device |
-| top_k_decoding | - | `adaptive_softmax_fused.top_k_decoding`: a context in which `adaptive_log_probs` skips tails that cannot hold one of a row's k best tokens (greedy: k = 1), every device |
+| greedy_decoding | - | `adaptive_softmax_fused.greedy_decoding`: a context in which `adaptive_log_probs` skips tails that cannot hold the argmax, every device |
+| top_k_decoding | - | `adaptive_softmax_fused.top_k_decoding`: the same for a row's k best tokens (top-k sampling), cpu (on CUDA each skip decision is a host sync, and the whole product costs little; not measured there) |
 | few_row_logits | `F.linear` | `adaptive_softmax_fused.few_row_logits`, cpu |
 
 Attention policy (`attention_implementation`): the one place where the requested `attn_implementation` is not taken
@@ -68,6 +69,7 @@ from .adaptive_softmax_fused import (
     embedding_lookup,
     few_row_logits,
     full_log_probs,
+    greedy_decoding,
     shared_table_nll,
     tied_output_logits,
     top_k_decoding,
@@ -100,7 +102,8 @@ REGISTRY: dict[str, dict[str, Callable]] = {
     "tied_output": {ANY: tied_output_logits},
     "adaptive_softmax_nll": {ANY: shared_table_nll},
     "adaptive_log_probs": {ANY: full_log_probs},
-    "top_k_decoding": {ANY: top_k_decoding},
+    "greedy_decoding": {ANY: greedy_decoding},
+    "top_k_decoding": {"cpu": top_k_decoding},
     "few_row_logits": {"cpu": few_row_logits},
 }
 

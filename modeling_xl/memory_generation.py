@@ -127,15 +127,17 @@ class MemoryGenerationMixin(GenerationMixin):
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **model_kwargs):
         """transformers' greedy/sampling loop. Where the tokens chosen depend only on each row's k most likely tokens
         (`tokens_read`: greedy decoding, k = 1, or top-k sampling) and no score is returned, the loop runs inside
-        the "top_k_decoding" kernel's context: the log-probabilities of tail clusters that cannot hold one of those k
-        tokens are left at -inf instead of computed, which gives the same tokens."""
+        the "greedy_decoding" or "top_k_decoding" kernel's context: the log-probabilities of tail clusters that
+        cannot hold one of those k tokens are left at -inf instead of computed, which gives the same tokens."""
         scores_returned = generation_config.return_dict_in_generate and (
             generation_config.output_scores or generation_config.output_logits)
-        top_k = kernel("top_k_decoding", self.device.type)
         k = tokens_read(logits_processor, generation_config.do_sample)
         context = contextlib.nullcontext()
-        if top_k is not None and k is not None and k < self.lm_head.shortlist and not scores_returned:
-            context = top_k(self.lm_head, k)
+        if k is not None and k < self.lm_head.shortlist and not scores_returned:
+            if k == 1 and (greedy := kernel("greedy_decoding", self.device.type)) is not None:
+                context = greedy(self.lm_head)
+            elif k > 1 and (top_k := kernel("top_k_decoding", self.device.type)) is not None:
+                context = top_k(self.lm_head, k)
         with context:
             return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, *args,
                                    **model_kwargs)

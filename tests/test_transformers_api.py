@@ -15,7 +15,7 @@ WRITTEN_FOR = "transformers 5.24"
 
 # (owner, private name, what TransformerXLForCausalLM / the heads override or call it for)
 PRIVATE_NAMES = [
-    (GenerationMixin, "_sample", "greedy decoding and top-k sampling inside the `top_k_decoding` kernel context"),
+    (GenerationMixin, "_sample", "greedy decoding and top-k sampling inside the `greedy_decoding` / `top_k_decoding` kernel contexts"),
     (GenerationMixin, "_update_model_kwargs_for_generation", "carrying the memory between steps as `mems`"),
     (GenerationMixin, "_expand_inputs_for_generation", "repeating a caller's `mems` for beams and sequences"),
     (GenerationMixin, "_supports_default_dynamic_cache", "telling generate that the memory is not a key/value cache"),
