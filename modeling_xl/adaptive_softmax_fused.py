@@ -279,6 +279,17 @@ class SharedTableLogits(torch.autograd.Function):
         return grad_weight, grad_bias, grad_cluster_weight, grad_cluster_bias, None, None, *grad_hiddens
 
 
+def few_rows_pay_off() -> bool:
+    """Whether this CPU runs few-row products faster as table @ hidden^T (`few_row_logits`) than as `F.linear`: where
+    torch's widest CPU kernels are AVX2. Measured both ways on two machines (benchmarks/README.md, "Few-row products
+    per CPU"): faster on an AMD EPYC (AVX2), slower on an Intel Xeon with AVX-512 (a [33,278, 256] table: 1 row
+    1.6 ms against F.linear's 0.76, 32 rows 7.5 against 3.1). Elsewhere, not measured: F.linear, the reference."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
+FEW_ROWS_PAY_OFF = few_rows_pay_off()  # read once: torch's CPU capability is fixed when torch is imported
+
+
 def few_row_logits(hidden: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """`F.linear(hidden, cat(weights), cat(biases))` for few rows ([N, d], N < d): each table's product computed
     transposed, table @ hidden^T with the table as the left operand, and a single row as two copies of itself. With the
@@ -458,7 +469,8 @@ def full_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor | None:
     cluster logits [N, C]; then each cluster's log-softmax, plus log P(cluster) for the tails, written back over its
     columns, so that the distribution is one buffer written once, as a plain output layer writes its logits. (A
     fused log-softmax per cluster: faster than subtracting a logsumexp.) On the CPU with fewer rows than the width
-    (generation) the products take `few_row_logits`' form, table @ hidden^T. None elsewhere (the reference runs)."""
+    (generation) the products take `few_row_logits`' form, table @ hidden^T, where it pays off (`few_rows_pay_off`).
+    None elsewhere (the reference runs)."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():  # the buffer is written in place
         return None
     decoding = _TOP_K.get()
@@ -471,7 +483,7 @@ def full_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor | None:
     if softmax.n_clusters:
         tables.append((softmax.cluster_weight, softmax.cluster_bias))
     tables = [(w.to(hidden.dtype), b.to(hidden.dtype)) for w, b in tables]
-    few_rows = hidden.device.type == "cpu" and hidden.size(0) < hidden.size(1)  # the "few_row_logits" kernel's case
+    few_rows = FEW_ROWS_PAY_OFF and hidden.device.type == "cpu" and hidden.size(0) < hidden.size(1)  # see there
 
     def product(table):
         return at_least_float32(few_row_logits_contiguous(hidden, *table) if few_rows else F.linear(hidden, *table))

@@ -27,7 +27,7 @@ torch's scaled_dot_product_attention (every device), `_triton` Triton code (CUDA
 | adaptive_log_probs | `AdaptiveLogSoftmax.log_probs` | `adaptive_softmax_fused.full_log_probs` (one product, written once; greedy and top-k: tails skipped), every device |
 | greedy_decoding | - | `adaptive_softmax_fused.greedy_decoding`: a context in which `adaptive_log_probs` skips tails that cannot hold the argmax, every device |
 | top_k_decoding | - | `adaptive_softmax_fused.top_k_decoding`: the same for a row's k best tokens (top-k sampling), cpu (on CUDA each skip decision is a host sync, and the whole product costs little; not measured there) |
-| few_row_logits | `F.linear` | `adaptive_softmax_fused.few_row_logits`, cpu |
+| few_row_logits | `F.linear` | `adaptive_softmax_fused.few_row_logits`, cpu where torch's widest kernels are AVX2 (`few_rows_pay_off`) |
 
 Attention policy (`attention_implementation`): the one place where the requested `attn_implementation` is not taken
 literally.
@@ -65,6 +65,7 @@ from typing import Callable
 import torch
 
 from .adaptive_softmax_fused import (
+    FEW_ROWS_PAY_OFF,
     deferring_table_gradient,
     embedding_lookup,
     few_row_logits,
@@ -104,7 +105,7 @@ REGISTRY: dict[str, dict[str, Callable]] = {
     "adaptive_log_probs": {ANY: full_log_probs},
     "greedy_decoding": {ANY: greedy_decoding},
     "top_k_decoding": {"cpu": top_k_decoding},
-    "few_row_logits": {"cpu": few_row_logits},
+    "few_row_logits": {"cpu": few_row_logits} if FEW_ROWS_PAY_OFF else {},
 }
 
 _REFERENCE_ONLY: ContextVar[bool] = ContextVar("reference_only", default=False)

@@ -94,12 +94,17 @@ def test_forward_signatures_hold_no_kernel_state():
         assert not names & {"table_gradient", "argmax_only"}, (cls.__name__, names)
 
 
+@pytest.mark.parametrize("few_row_form", [True, False], ids=["few-row-form", "linear"])
 @pytest.mark.parametrize("rows", [1, 3, 40])
 @pytest.mark.parametrize("cutoffs", [[20, 50], []])
-def test_full_log_probs_written_once_equal_the_reference(rows, cutoffs):
+def test_full_log_probs_written_once_equal_the_reference(rows, cutoffs, few_row_form, monkeypatch):
     """One shared table (div_val 1): one product for every token (fewer rows than the width, 1 and 3 of 16: in
-    `few_row_logits`' form), each cluster normalised in place; equal to `log_probs` (per-cluster log-softmax) to
-    float32 rounding, a distribution per row, one contiguous buffer."""
+    `few_row_logits`' form where the CPU gains by it, else as `F.linear`; both forms run here), each cluster
+    normalised in place; equal to `log_probs` (per-cluster log-softmax) to float32 rounding, a distribution per row,
+    one contiguous buffer."""
+    from modeling_xl import adaptive_softmax_fused
+
+    monkeypatch.setattr(adaptive_softmax_fused, "FEW_ROWS_PAY_OFF", few_row_form)
     config = TransformerXLConfig.from_preset("debug", div_val=1, cutoffs=cutoffs, adaptive=bool(cutoffs))
     torch.manual_seed(0)
     softmax = AdaptiveLogSoftmax(config)
@@ -143,3 +148,23 @@ def test_greedy_decoding_context_is_scoped_to_its_softmax():
     assert torch.isinf(skipped[:, one.shortlist:]).all() and torch.isfinite(untouched).all()
     assert torch.isfinite(after).all()
     assert torch.equal(skipped.argmax(-1), after.argmax(-1))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_few_row_logits_equal_the_linear_product(rows):
+    """The few-row form (table @ hidden^T, one row as two copies of itself, tables stacked) gives `F.linear`'s
+    logits over the stacked tables to float32 rounding, as a view without gradients and a contiguous tensor with."""
+    import torch.nn.functional as F
+
+    from modeling_xl.adaptive_softmax_fused import few_row_logits, few_row_logits_contiguous
+
+    torch.manual_seed(0)
+    tables = [(torch.randn(50, 16), torch.randn(50)), (torch.randn(3, 16), torch.randn(3))]
+    hidden = torch.randn(rows, 16)
+    want = F.linear(hidden, torch.cat([w for w, _ in tables]), torch.cat([b for _, b in tables]))
+    with torch.no_grad():
+        torch.testing.assert_close(few_row_logits(hidden, tables), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(few_row_logits_contiguous(hidden, *tables[0]), want[:, :50], rtol=1e-5, atol=1e-5)
+    with_grad = few_row_logits(hidden.requires_grad_(), tables)
+    assert with_grad.is_contiguous()
+    torch.testing.assert_close(with_grad.detach(), want, rtol=1e-5, atol=1e-5)
