@@ -136,7 +136,7 @@ class MemoryGenerationMixin(GenerationMixin):
         if k is not None and k < self.lm_head.shortlist and not scores_returned:
             if k == 1 and (greedy := kernel("greedy_decoding", self.device.type)) is not None:
                 context = greedy(self.lm_head)
-            elif k > 1 and (top_k := kernel("top_k_decoding", self.device.type)) is not None:
+            elif k > 1 and self.lm_head.n_clusters and (top_k := kernel("top_k_decoding", self.device.type)):
                 context = top_k(self.lm_head, k)
         with context:
             return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, *args,

@@ -151,6 +151,11 @@ def test_compiled_generation_captures_once_for_every_generate_call():
     model.static_decoding = "compiled"
     model.generate(first[:1], max_new_tokens=3, do_sample=False, pad_token_id=0)
     assert model._compiled_decoding[1].real.size(0) == 1
+    model.config.mem_len = 9  # a longer memory: a state of its own, and the tokens of eager decoding
+    longer = model.generate(first, max_new_tokens=9, do_sample=False, pad_token_id=0)
+    assert model._compiled_decoding[1].slots == 9
+    model.static_decoding = "eager"
+    assert torch.equal(longer, model.generate(first, max_new_tokens=9, do_sample=False, pad_token_id=0))
     torch._dynamo.reset()
 
 
