@@ -93,16 +93,23 @@ def test_a_decode_state_takes_one_token_per_row_and_nothing_to_train():
             model(torch.zeros(2, 1, dtype=torch.long), mems=state, labels=torch.zeros(2, 1, dtype=torch.long))
 
 
-def test_the_step_compiles_once_and_is_never_recompiled():
-    """fullgraph (no graph break) and one compilation for every step: before the ring is full, across its wrap, and
-    after a beam reorder; the compiled steps give the eager steps' log-probabilities."""
-    torch._dynamo.reset()
-    model = small_lm()
+def counting_compiler():
+    """(the list of compilations so far, a torch.compile backend that appends to it and traces with aot_eager)."""
     compiled_at = []
 
     def counting_backend(graph, example_inputs):
         compiled_at.append(len(compiled_at))
         return aot_eager(graph, example_inputs)
+
+    return compiled_at, counting_backend
+
+
+def test_the_step_compiles_once_and_is_never_recompiled():
+    """fullgraph (no graph break) and one compilation for every step: before the ring is full, across its wrap, and
+    after a beam reorder; the compiled steps give the eager steps' log-probabilities."""
+    torch._dynamo.reset()
+    model = small_lm()
+    compiled_at, counting_backend = counting_compiler()
 
     g = torch.Generator().manual_seed(4)
     with torch.no_grad():
@@ -125,11 +132,7 @@ def test_compiled_generation_captures_once_for_every_generate_call():
     with another prompt, a padded one, and after the weights changed; other rows get a state of their own."""
     torch._dynamo.reset()
     model = small_lm()
-    compiled_at = []
-
-    def counting_backend(graph, example_inputs):
-        compiled_at.append(len(compiled_at))
-        return aot_eager(graph, example_inputs)
+    compiled_at, counting_backend = counting_compiler()
 
     model.static_decoding_options = {"backend": counting_backend}
     g = torch.Generator().manual_seed(5)
