@@ -475,7 +475,7 @@ def full_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor | None:
         return None
     decoding = _TOP_K.get()
     if decoding is not None and decoding[0] is softmax:
-        return argmax_log_probs(softmax, hidden) if decoding[1] == 1 else top_k_log_probs(softmax, hidden, decoding[1])
+        return top_k_log_probs(softmax, hidden, decoding[1])
     if softmax.div_val != 1 or len(softmax.out_projs) or torch.is_autocast_enabled(hidden.device.type):
         return None
     layer = softmax.out_layers[0]

@@ -42,7 +42,7 @@ class DecodeState:
 
     def __init__(self, backbone, batch: int, device, dtype, keep_hiddens: bool = False):
         cfg = backbone.config
-        self.backbone, self.slots, self.lengths = backbone, cfg.mem_len, (cfg.mem_len, cfg.clamp_len)
+        self.backbone, self.slots, self.clamp_len = backbone, cfg.mem_len, cfg.clamp_len
         heads, d_head, layers = cfg.n_head, cfg.d_head, cfg.n_layer
         self.keys = [torch.zeros(batch, heads, self.slots, d_head, device=device, dtype=dtype) for _ in range(layers)]
         self.values = [torch.zeros_like(k) for k in self.keys]
@@ -77,7 +77,7 @@ class DecodeState:
         """Whether `load_(mems)` can reuse this state's buffers: the same backbone, memory length, clamp length, rows,
         device and dtype."""
         cfg = backbone.config
-        return (backbone is self.backbone and (cfg.mem_len, cfg.clamp_len) == self.lengths
+        return (backbone is self.backbone and (cfg.mem_len, cfg.clamp_len) == (self.slots, self.clamp_len)
                 and (self.hiddens is not None) == keep_hiddens
                 and mems[0].shape[0] == self.real.size(0) and mems[0].device == self.real.device
                 and mems[0].dtype == self.keys[0].dtype)

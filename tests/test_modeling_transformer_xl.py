@@ -640,6 +640,15 @@ def test_float64_model_builds_its_position_table_in_float64():
     assert torch.equal(tables[0], want)
 
 
+def tails_biased_lm(cluster_bias: float):
+    """A causal LM of two tail clusters whose cluster logits are shifted by `cluster_bias`: below 0 the tails are
+    mostly skipped by decoding that reads only the best tokens, above 0 mostly computed."""
+    model = spiced(model_for(mem_len=6, cutoffs=[20, 50]))
+    with torch.no_grad():
+        model.lm_head.cluster_bias.fill_(cluster_bias)
+    return model
+
+
 @pytest.mark.parametrize("cluster_bias", [-4.0, 0.0, 2.0])
 @pytest.mark.parametrize("sampling", [dict(top_k=10), dict(top_k=6, temperature=0.7, top_p=0.9)],
                          ids=["top-k", "temperature-top-k-top-p"])
@@ -647,9 +656,7 @@ def test_top_k_sampling_with_skipped_tails_draws_the_plain_paths_tokens(sampling
     """Sampling whose processors start with a temperature and a top-k filter runs in the "top_k_decoding" context
     (tails that cannot hold one of a row's k best tokens are not computed) and draws, from the same seed, the tokens
     of the plain path (taken when scores are returned), with tails skipped and computed."""
-    model = spiced(model_for(mem_len=6, cutoffs=[20, 50]))
-    with torch.no_grad():
-        model.lm_head.cluster_bias.fill_(cluster_bias)
+    model = tails_biased_lm(cluster_bias)
     from modeling_xl import adaptive_softmax_fused as softmax_kernels
 
     calls = []
@@ -694,19 +701,17 @@ def test_greedy_generate_with_argmax_only_log_probs_equals_the_plain_path(cluste
     """Greedy `generate` runs in the "greedy_decoding" context (tail clusters that cannot hold the best token are not
     computed); the tokens equal the plain path's (taken when scores are returned) and the hand-written loop's, over
     steps where the tails are skipped and steps where they are computed."""
-    model = spiced(model_for(mem_len=6, cutoffs=[20, 50]))
-    with torch.no_grad():
-        model.lm_head.cluster_bias.fill_(cluster_bias)
+    model = tails_biased_lm(cluster_bias)
     from modeling_xl import adaptive_softmax_fused as softmax_kernels
 
     calls = []
-    fast = softmax_kernels.argmax_log_probs
-    monkeypatch.setattr(softmax_kernels, "argmax_log_probs",
-                        lambda softmax, hidden: calls.append(hidden.size(0)) or fast(softmax, hidden))
+    fast = softmax_kernels.top_k_log_probs
+    monkeypatch.setattr(softmax_kernels, "top_k_log_probs",
+                        lambda softmax, hidden, k: calls.append((hidden.size(0), k)) or fast(softmax, hidden, k))
     x = torch.randint(1, 97, (3, 5))
     kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
     gen = model.generate(x, **kwargs)
-    assert calls == [3] * 12
+    assert calls == [(3, 1)] * 12  # every step: 3 rows, the best token alone
     plain = model.generate(x, output_scores=True, return_dict_in_generate=True, **kwargs)
     assert len(calls) == 12  # scores returned: the plain path, every logit computed
     assert torch.equal(gen, plain.sequences)
@@ -715,5 +720,5 @@ def test_greedy_generate_with_argmax_only_log_probs_equals_the_plain_path(cluste
     penalized = model.generate(x, repetition_penalty=1.3, **kwargs)  # a logits processor: the plain path
     assert len(calls) == 12 and penalized.shape == gen.shape
     torch.manual_seed(0)
-    sampled = model.generate(x, **dict(kwargs, do_sample=True, top_k=10))
-    assert len(calls) == 12 and sampled.shape == gen.shape
+    sampled = model.generate(x, **dict(kwargs, do_sample=True, top_k=10))  # not greedy: the top-k path, k = 10
+    assert [c for c in calls if c[1] == 1] == [(3, 1)] * 12 and sampled.shape == gen.shape
