@@ -13,11 +13,15 @@ text), float32, 2 threads (`--threads`), no end-of-sequence stop (`eos_token_id`
 makes the same number of steps).
 
 Weights. GPT-2 and the legacy model compute every logit at every step, so their speed does not depend on their
-(random, seeded) weights. Ours does: greedy decoding skips the tail clusters of the adaptive softmax that cannot hold
-the best token (`adaptive_softmax_fused.argmax_log_probs`), which depends on what the model predicts. So ours is timed
-twice: with random weights (every cluster is about as likely as the best word: nothing is skipped) and after
-`--train-steps` (300) Adam steps on WikiText-2 train (batches 8 x 128, memory carried, lr 1e-3, about 5 minutes;
-the checkpoint is kept in `--trained-dir` and reused by later runs).
+(random, seeded) weights. Ours does: greedy decoding, top-k sampling, the repetition penalty and beam search skip the
+tail clusters of the adaptive softmax that cannot hold a token they read (`adaptive_softmax_fused.top_k_log_probs`),
+which depends on what the model predicts. So ours is timed twice: with random weights and after `--train-steps` (300)
+Adam steps on WikiText-2 train (batches 8 x 128, memory carried, lr 1e-3, about 5 minutes; the checkpoint is kept in
+`--trained-dir` and reused by later runs), `ours_trained` / `ours_trained_compiled`. At this shape random weights
+make every tail cluster less likely than a row's best shortlist words, so every tail is skipped (counted 2026-11-30:
+greedy and beam-4 at batch 1 and 8 multiplied by the head alone at every step): the skip's best case. The 300-step
+model (loss 6.1) is unsure: greedy batch 8 computes the first tail for 47% of its rows, beam-4 every tail for nearly
+every row (the skip then costs what the full distribution does): near its worst case.
 
 `floor` and `floor_ours` are not models: what a decoder pays per step beside its backbone when the mode needs every
 log-probability (`distribution_floor`: the output layer, then transformers' copy of the logits, processors and token
@@ -57,17 +61,18 @@ from common import (  # noqa: E402
 
 SHAPE = dict(vocab_size=33278, d_model=256, d_embed=256, n_layer=4, n_head=8, d_head=32, d_inner=1024,
              cutoffs=[2000, 10000, 20000], div_val=1, mem_len=128, clamp_len=-1, dropout=0.0, dropatt=0.0)
-IMPLS = ("ours", "ours_compiled", "ours_trained", "gpt2", "legacy", "floor", "floor_ours")
+IMPLS = ("ours", "ours_compiled", "ours_trained", "ours_trained_compiled", "gpt2", "legacy", "floor", "floor_ours")
 FLOOR_PRODUCTS = {"floor": "gpt2", "floor_ours": "ours"}  # `distribution_floor`'s output layer per side
 
 
 def build(impl: str, trained_dir: str | None = None):
     """The model of one side, seeded, in eval mode, with no end-of-sequence id (fixed-length generation)."""
     torch.manual_seed(0)
-    if impl == "ours_trained":
+    if impl in ("ours_trained", "ours_trained_compiled"):
         from modeling_xl import TransformerXLForCausalLM
 
         model = TransformerXLForCausalLM.from_pretrained(trained_dir)
+        model.static_decoding = "compiled" if impl == "ours_trained_compiled" else "eager"
     elif impl in ("ours", "ours_compiled"):
         from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 
@@ -244,11 +249,11 @@ def main(argv=None) -> dict:
                         help="our trained checkpoint: made here (--train-steps) unless it exists")
     parser.add_argument("--output", default="benchmarks/results/generate.json")
     args = parser.parse_args(argv)
-    pythons = {"ours": OUR_PYTHON, "ours_compiled": OUR_PYTHON, "ours_trained": OUR_PYTHON, "gpt2": OUR_PYTHON,
-               "legacy": args.legacy_python, "floor": OUR_PYTHON, "floor_ours": OUR_PYTHON}
+    pythons = {impl: OUR_PYTHON for impl in IMPLS}
+    pythons["legacy"] = args.legacy_python
     impls = [i for i in args.impls if i != "legacy" or Path(args.legacy_python).exists()]
     trained_dir = Path(args.trained_dir).resolve()
-    if "ours_trained" in impls and not (trained_dir / "config.json").exists():
+    if {"ours_trained", "ours_trained_compiled"} & set(impls) and not (trained_dir / "config.json").exists():
         set_threads(args.threads)
         train(trained_dir, args.train_steps)
     results = {}

@@ -181,9 +181,8 @@ class AdaptiveLogSoftmax(nn.Module):
         few_rows = kernel("few_row_logits", hidden.device.type) if hidden.size(0) < hidden.size(1) else None
         if few_rows is not None:
             return at_least_float32(few_rows(hidden, tables))
-        weight, bias = (torch.cat([w for w, _ in tables]), torch.cat([b for _, b in tables])) if len(tables) > 1 else (
-            tables[0])
-        return at_least_float32(F.linear(hidden, weight, bias))
+        # one product per table, their logits side by side (concatenating the tables would copy them every call)
+        return at_least_float32(torch.cat([F.linear(hidden, w, b) for w, b in tables], dim=-1))
 
     def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """NLL [N] (0 where target == -100) when `targets` [N] is given, else log-probs [N, V] (float32): `nll` and

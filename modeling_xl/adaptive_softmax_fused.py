@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import sys
 from contextvars import ContextVar
 
@@ -339,19 +340,28 @@ def argmax_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor:
     return top_k_log_probs(softmax, hidden, 1)
 
 
-def top_k_log_probs(softmax, hidden: torch.Tensor, k: int) -> torch.Tensor:
-    """Log-probabilities [N, V] (float32) as `forward(hidden)` gives them, except for tail clusters that cannot
-    hold one of a row's k most likely tokens: there they are -inf for that row (`softmax` an `AdaptiveLogSoftmax`).
-    What greedy decoding (k = 1) and top-k sampling need, at a fraction of the cost.
+@torch.no_grad()
+def top_k_log_probs(softmax, hidden: torch.Tensor, k: int, penalty: float = 1.0,
+                    spread: bool = False) -> torch.Tensor:
+    """Log-probabilities [N, V] (float32, without gradients) as `forward(hidden)` gives them, except for tail
+    clusters that cannot hold one of a row's k most likely tokens: there they are -inf for that row, or with `spread`
+    the cluster's probability shared evenly among its tokens (log P(cluster) - log size), so that every row still sums
+    to 1 (beam search takes a log-softmax of the scores). `softmax` an `AdaptiveLogSoftmax`. What greedy decoding
+    (k = 1), top-k sampling and beam search (k = the beams it keeps) need, at a fraction of the cost.
 
     A tail token's log-probability is log P(cluster) + log P(token | cluster) <= log P(cluster). Clusters are
     visited in id order; once a row has k tokens at least as likely as a cluster, none of that cluster's tokens can
-    rank above them, and the cluster's logits are computed only for the other rows. (k = 1: a tie goes to the lower
-    id, as `argmax` does, so a cluster is needed only where it is strictly more likely than the best so far; k > 1:
-    transformers' top-k keeps every token tied with the k-th, so a tie counts as needed.) A trained model's likely
-    words are mostly frequent (shortlist) words, so a step multiplies by the head's `shortlist + n_clusters` rows
-    instead of the whole vocabulary's (33,278 x 256 -> 2,003 x 256 floats read per token at the d_model 256
-    benchmark shape), and a batch pays for a tail only on the rows that may need it.
+    rank above them, and the cluster's logits are computed only for the other rows. (k = 1: the best so far includes
+    the tails computed before, and a tie goes to the lower id, as `argmax` does, so a cluster is needed only where it
+    is strictly more likely than the best so far; k > 1: the k-th best of the shortlist, and transformers' top-k keeps
+    every token tied with the k-th, so a tie counts as needed. Where the shortlist leaves no tail to skip in any row,
+    `one_product_log_probs` runs instead: one product costs less than one per cluster.) `penalty` >= 1: the scores
+    are read after processors that may lower a token's score s to no less than min(penalty * s, s / penalty)
+    (transformers' repetition penalty), so a cluster is needed where it is at least that bound of the k-th best; a
+    skipped token's score can only fall. A trained model's likely words are mostly frequent (shortlist) words, so a
+    step multiplies by the head's `shortlist + n_clusters` rows instead of the whole vocabulary's (33,278 x 256 ->
+    2,003 x 256 floats read per token at the d_model 256 benchmark shape), and a batch pays for a tail only on the
+    rows that may need it.
 
     Entries are `softmax.log_probs`': the same products, bit for bit where every row computes a cluster; where only
     some rows do, the tail's product runs over those rows only, which may round differently (float32: about 1e-7
@@ -359,35 +369,51 @@ def top_k_log_probs(softmax, hidden: torch.Tensor, k: int) -> torch.Tensor:
     that close."""
     weights = softmax.cluster_weights()
     head_logprob = torch.log_softmax(softmax.cluster_logits(hidden, 0, weights), dim=-1)
-    parts = [head_logprob[:, : softmax.shortlist]]
-    best = parts[0].topk(min(k, softmax.shortlist), dim=-1).values  # [N, <= k] the k best found so far per row
+    shortlist, rows_in = softmax.shortlist, hidden.size(0)
+
+    def needed_by(best: torch.Tensor, cluster_logprob: torch.Tensor) -> torch.Tensor:
+        """Rows whose tokens of a cluster of that log-probability may rank among their k best ([N] or [N, C])."""
+        if best.size(1) < k:  # fewer than k tokens seen: every row may need the cluster
+            return torch.ones_like(cluster_logprob, dtype=torch.bool)
+        kth = best[:, -1:] if cluster_logprob.dim() == 2 else best[:, -1]
+        bound = kth if penalty == 1.0 else torch.minimum(kth * penalty, kth / penalty)
+        return cluster_logprob > bound if k == 1 else cluster_logprob >= bound
+
+    best = head_logprob[:, :shortlist].topk(min(k, shortlist), dim=-1).values  # [N, <= k] the k best so far per row
+    if bool(needed_by(best, head_logprob[:, shortlist:]).all()):  # no tail can be skipped anywhere
+        every = one_product_log_probs(softmax, hidden)  # one product of the whole table is cheaper than one per cluster
+        if every is not None:
+            return every
+    out = head_logprob.new_empty(rows_in, softmax.bounds[-1][1])  # [N, V], every cluster written once
+    out[:, :shortlist] = head_logprob[:, :shortlist]
     for i in range(1, softmax.n_clusters + 1):
-        cluster_logprob = head_logprob[:, softmax.shortlist + i - 1]
-        if best.size(1) < k:  # fewer than k tokens seen: every row may need this cluster
-            needed = torch.ones_like(cluster_logprob, dtype=torch.bool)
-        else:
-            needed = cluster_logprob > best[:, -1] if k == 1 else cluster_logprob >= best[:, -1]
+        cluster_logprob = head_logprob[:, shortlist + i - 1]
+        lo, hi = softmax.bounds[i]
+        part = out[:, lo:hi]
+        needed = needed_by(best, cluster_logprob)
         count = int(needed.sum())
-        if count == hidden.size(0):  # every row: forward's own product
-            part = cluster_logprob[:, None] + torch.log_softmax(softmax.cluster_logits(hidden, i, weights), dim=-1)
+        if count == rows_in:  # every row: forward's own product
+            torch.add(torch.log_softmax(softmax.cluster_logits(hidden, i, weights), dim=-1), cluster_logprob[:, None],
+                      out=part)
         else:
-            lo, hi = softmax.bounds[i]
-            part = head_logprob.new_full((hidden.size(0), hi - lo), float("-inf"))
+            if spread:
+                part.copy_((cluster_logprob[:, None] - math.log(hi - lo)).expand(-1, hi - lo))
+            else:
+                part.fill_(float("-inf"))
             if count:
                 rows = needed.nonzero().squeeze(1)
                 tail = torch.log_softmax(softmax.cluster_logits(hidden[rows], i, weights), dim=-1)
                 part[rows] = cluster_logprob[rows, None] + tail
-        if count:
-            candidates = torch.cat([best, part], dim=-1)
-            best = candidates.topk(min(k, candidates.size(1)), dim=-1).values
-        parts.append(part)
-    return torch.cat(parts, dim=-1)
+        if count and k == 1 and i < softmax.n_clusters:  # the best so far, for the next cluster
+            best = torch.maximum(best, part.amax(dim=-1, keepdim=True))
+    return out
 
 
 # The TableGradient of the forward in progress (set by the LM heads around one forward), and the softmax that
-# `generate` is decoding with greedily or by top-k sampling, with its k (set around its loop).
+# `generate` is decoding with greedily, by top-k sampling or by beam search, with `top_k_log_probs`' arguments (set
+# around its loop).
 _DEFERRED: ContextVar["TableGradient | None"] = ContextVar("deferred_table_gradient", default=None)
-_TOP_K: ContextVar[tuple[object, int] | None] = ContextVar("top_k_softmax", default=None)
+_TOP_K: ContextVar[tuple[object, int, float, bool] | None] = ContextVar("top_k_softmax", default=None)
 
 
 @contextlib.contextmanager
@@ -415,20 +441,21 @@ def active_table_gradient(weight: torch.Tensor) -> "TableGradient | None":
 
 
 @contextlib.contextmanager
-def top_k_decoding(softmax: nn.Module, k: int):
+def top_k_decoding(softmax: nn.Module, k: int, penalty: float = 1.0, spread: bool = False):
     """Within the block, `softmax`'s full distribution is asked for by decoding that reads only each row's k most
-    likely tokens (greedy decoding: k = 1; top-k sampling) and no other score: `full_log_probs` gives
-    `top_k_log_probs` (the same k best, tail clusters that cannot hold one of them left at -inf)."""
-    token = _TOP_K.set((softmax, k))
+    likely tokens (greedy decoding: k = 1; top-k sampling; beam search, which keeps 2 x beams) and no other score,
+    after processors that lower a score by at most `penalty`: `full_log_probs` gives `top_k_log_probs` (the same k
+    best; tail clusters that cannot hold one of them left at -inf, or with `spread` given their probability evenly)."""
+    token = _TOP_K.set((softmax, k, penalty, spread))
     try:
         yield
     finally:
         _TOP_K.reset(token)
 
 
-def greedy_decoding(softmax: nn.Module):
+def greedy_decoding(softmax: nn.Module, penalty: float = 1.0):
     """`top_k_decoding` with k = 1: greedy decoding whose scores nothing else reads."""
-    return top_k_decoding(softmax, 1)
+    return top_k_decoding(softmax, 1, penalty)
 
 
 def embedding_lookup(embedding: nn.Module, input_ids: torch.Tensor) -> torch.Tensor | None:
@@ -464,18 +491,24 @@ def shared_table_nll(softmax, hidden: torch.Tensor, targets: torch.Tensor) -> to
 
 
 def full_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor | None:
-    """`softmax.log_probs(hidden)` [N, V] without gradients: under `top_k_decoding` `top_k_log_probs`; with one
-    shared table as wide as the model (div_val 1, no projections) one product of every token's row, [N, V], plus the
-    cluster logits [N, C]; then each cluster's log-softmax, plus log P(cluster) for the tails, written back over its
-    columns, so that the distribution is one buffer written once, as a plain output layer writes its logits. (A
-    fused log-softmax per cluster: faster than subtracting a logsumexp.) On the CPU with fewer rows than the width
-    (generation) the products take `few_row_logits`' form, table @ hidden^T, where it pays off (`few_rows_pay_off`).
-    None elsewhere (the reference runs)."""
+    """`softmax.log_probs(hidden)` [N, V] without gradients: under `top_k_decoding` `top_k_log_probs`, else
+    `one_product_log_probs`. None elsewhere (the reference runs)."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():  # the buffer is written in place
         return None
     decoding = _TOP_K.get()
     if decoding is not None and decoding[0] is softmax:
-        return top_k_log_probs(softmax, hidden, decoding[1])
+        return top_k_log_probs(softmax, hidden, *decoding[1:])
+    return one_product_log_probs(softmax, hidden)
+
+
+def one_product_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor | None:
+    """`softmax.log_probs(hidden)` [N, V] without gradients, with one shared table as wide as the model (div_val 1,
+    no projections): one product of every token's row, [N, V], plus the cluster logits [N, C]; then each cluster's
+    log-softmax, plus log P(cluster) for the tails, written back over its columns, so that the distribution is one
+    buffer written once, as a plain output layer writes its logits. (A fused log-softmax per cluster: faster than
+    subtracting a logsumexp.) On the CPU with fewer rows than the width (generation) the products take
+    `few_row_logits`' form, table @ hidden^T, where it pays off (`few_rows_pay_off`). None for other tables, or under
+    autocast."""
     if softmax.div_val != 1 or len(softmax.out_projs) or torch.is_autocast_enabled(hidden.device.type):
         return None
     layer = softmax.out_layers[0]

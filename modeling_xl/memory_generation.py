@@ -7,8 +7,8 @@ length changes. transformers carries a key/value cache that grows with every tok
   mask is cut to the memory's tokens plus the fed ones.
 - `_expand_inputs_for_generation`: a caller's `mems` repeated for `num_beams` / `num_return_sequences`.
 - `_reorder_cache`: beam search reorders the memory rows (and the keys and values kept for them).
-- `_sample`: greedy decoding and top-k sampling skip the adaptive softmax's tail clusters that cannot hold one of a
-  row's k best tokens.
+- `_sample`, `_beam_search`: greedy decoding, top-k sampling and beam search skip the adaptive softmax's tail
+  clusters that cannot hold one of a row's k best tokens (`tokens_read`).
 After the prompt's forward, the memory becomes a `static_decoding.DecodeState` (ring buffers of `mem_len` slots):
 every later step has the same shapes, and runs as plain ops on them (`static_decoding = "eager"`, the default), compiled
 (`"compiled"`: `torch.compile`, on CUDA with CUDA graphs) or not at all (None: every step is the backbone's forward).
@@ -20,24 +20,34 @@ import contextlib
 
 import torch
 from transformers import GenerationMixin
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
 
 from .inference_cache import enabled as cache_enabled
 from .kernel_registry import kernel
 from .static_decoding import DecodeState
 
 
-def tokens_read(logits_processor, do_sample: bool) -> int | None:
-    """k when the token chosen from each row's scores depends only on its k most likely tokens, whatever the rest
-    are: the processors up to a top-k filter only divide by a temperature (order-preserving), and every token below
-    the k-th is then -inf; greedy decoding with no processor reads k = 1. None when a processor may reorder the scores
-    first (repetition penalty, bad words, ...) or nothing filters them (sampling from the whole distribution)."""
+def tokens_read(logits_processor, do_sample: bool, kept: int = 1) -> tuple[int, float] | None:
+    """(k, penalty) when the tokens chosen from each row's scores depend only on its k most likely tokens, whatever
+    the rest are, provided that every token's score s stays at least min(penalty * s, s / penalty) through the
+    processors. The processors up to a top-k filter may only divide by a temperature (order-preserving) or apply a
+    repetition penalty >= 1 (which lowers the scores of some tokens by that factor; penalties multiply), and every
+    token below the k-th is then -inf; without sampling the step itself keeps the `kept` best (greedy decoding 1,
+    beam search its 2 x beams) after those processors. None when a processor may raise or reorder scores otherwise
+    (a penalty below 1, bad words, ...) or nothing filters a sample (sampling from the whole distribution)."""
+    penalty = 1.0
     for processor in logits_processor or ():
         if isinstance(processor, TopKLogitsWarper):
-            return processor.top_k
-        if not isinstance(processor, TemperatureLogitsWarper):
+            return processor.top_k, penalty
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and processor.penalty >= 1:
+            penalty *= processor.penalty
+        elif not isinstance(processor, TemperatureLogitsWarper):
             return None
-    return None if do_sample else 1
+    return None if do_sample else (kept, penalty)
 
 
 class MemoryGenerationMixin(GenerationMixin):
@@ -125,22 +135,37 @@ class MemoryGenerationMixin(GenerationMixin):
         return inputs
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **model_kwargs):
-        """transformers' greedy/sampling loop. Where the tokens chosen depend only on each row's k most likely tokens
-        (`tokens_read`: greedy decoding, k = 1, or top-k sampling) and no score is returned, the loop runs inside
-        the "greedy_decoding" or "top_k_decoding" kernel's context: the log-probabilities of tail clusters that
-        cannot hold one of those k tokens are left at -inf instead of computed, which gives the same tokens."""
-        scores_returned = generation_config.return_dict_in_generate and (
-            generation_config.output_scores or generation_config.output_logits)
-        k = tokens_read(logits_processor, generation_config.do_sample)
-        context = contextlib.nullcontext()
-        if k is not None and k < self.lm_head.shortlist and not scores_returned:
-            if k == 1 and (greedy := kernel("greedy_decoding", self.device.type)) is not None:
-                context = greedy(self.lm_head)
-            elif k > 1 and self.lm_head.n_clusters and (top_k := kernel("top_k_decoding", self.device.type)):
-                context = top_k(self.lm_head, k)
-        with context:
+        """transformers' greedy/sampling loop, inside `_skipping_tails`' context (greedy: the best token alone)."""
+        with self._skipping_tails(logits_processor, generation_config, kept=1):
             return super()._sample(input_ids, logits_processor, stopping_criteria, generation_config, *args,
                                    **model_kwargs)
+
+    def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **model_kwargs):
+        """transformers' beam search, inside `_skipping_tails`' context: a step keeps each row's (1 + end-of-sequence
+        ids, at least 2) x beams best continuations, as transformers' `beams_to_keep`; a skipped tail's probability is
+        spread over its tokens, so that the log-softmax beam search takes of the scores is unchanged."""
+        eos = generation_config._eos_token_tensor
+        kept = max(2, 1 + (0 if eos is None else eos.shape[0])) * generation_config.num_beams
+        with self._skipping_tails(logits_processor, generation_config, kept, spread=True):
+            return super()._beam_search(input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                                        **model_kwargs)
+
+    def _skipping_tails(self, logits_processor, generation_config, kept: int, spread: bool = False):
+        """Where the tokens chosen depend only on each row's k most likely tokens (`tokens_read`) and no score is
+        returned, the context of the "greedy_decoding" (k = 1) or "top_k_decoding" kernel: the log-probabilities of
+        tail clusters that cannot hold one of those k tokens are not computed, which gives the same tokens. Else no
+        context."""
+        scores_returned = generation_config.return_dict_in_generate and (
+            generation_config.output_scores or generation_config.output_logits)
+        read = tokens_read(logits_processor, generation_config.do_sample, kept)
+        if read is None or scores_returned or read[0] >= self.lm_head.shortlist:
+            return contextlib.nullcontext()
+        k, penalty = read
+        if k == 1 and (greedy := kernel("greedy_decoding", self.device.type)) is not None:
+            return greedy(self.lm_head, penalty)
+        if k > 1 and self.lm_head.n_clusters and (top_k := kernel("top_k_decoding", self.device.type)):
+            return top_k(self.lm_head, k, penalty, spread)
+        return contextlib.nullcontext()
 
     def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None,
                                       **model_kwargs):

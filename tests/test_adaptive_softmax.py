@@ -1,6 +1,7 @@
 """Adaptive input and adaptive log-softmax against naive references."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -352,7 +353,7 @@ def test_argmax_log_probs_equal_forward_where_computed_and_keep_the_argmax(div_v
 
 def test_argmax_log_probs_compute_a_tail_only_for_the_rows_that_may_need_it():
     """Rows sure of a shortlist word skip a tail that other rows of the batch compute: each row's entries are those
-    of the row alone, and only the rows that need the tail multiply by its table."""
+    of the row alone (which may compute more), and only the rows that need the tail multiply by its table."""
     torch.manual_seed(0)
     cfg, _, crit = make(div_val=1)
     h = torch.randn(6, 16)
@@ -372,9 +373,10 @@ def test_argmax_log_probs_compute_a_tail_only_for_the_rows_that_may_need_it():
     assert computed[:3, crit.shortlist: crit.bounds[1][1]].all()
     torch.testing.assert_close(fast[computed], full[computed], rtol=1e-6, atol=1e-6)
     assert torch.equal(fast.argmax(-1), full.argmax(-1))
-    for row in range(6):  # each row as if alone
-        alone = argmax_log_probs(crit, h[row:row + 1])[0]
-        assert torch.equal(torch.isfinite(alone), computed[row])
+    for row in range(6):  # each row as if alone: the same entries (alone, a row that needs every tail by the
+        alone = argmax_log_probs(crit, h[row:row + 1])[0]  # shortlist's bound takes the one product: all of them)
+        assert (torch.isfinite(alone) >= computed[row]).all() and torch.equal(alone.argmax(), fast[row].argmax())
+        torch.testing.assert_close(alone[computed[row]], fast[row][computed[row]], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("div_val", [1, 2])
@@ -406,6 +408,71 @@ def test_top_k_log_probs_give_the_top_k_filter_the_same_scores(k, cluster_bias, 
         assert not computed[:, crit.shortlist:].any()  # every tail skipped
     if cluster_bias > 0:
         assert computed[:, : crit.bounds[1][1]].all()  # every row: the first tail (likelier than any shortlist word)
+
+
+@pytest.mark.parametrize("cluster_bias", [-1.0, 0.0])
+@pytest.mark.parametrize("k", [1, 4])
+def test_top_k_log_probs_under_a_repetition_penalty_keep_the_penalized_choice(k, cluster_bias):
+    """With `penalty`, a cluster is skipped only where none of its tokens can reach the k-th best after transformers'
+    repetition penalty, which lowers the scores of the tokens seen: on histories that penalize each row's best
+    tokens, the penalized argmax (k = 1) or top-k filter (k > 1) of the returned scores is forward's. The bound
+    computes every cluster that the unpenalized skip computes, and more."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
+
+    torch.manual_seed(0)
+    cfg, _, crit = make(div_val=1)
+    with torch.no_grad():
+        crit.cluster_bias.fill_(cluster_bias)
+    h = torch.randn(64, 16)
+    with torch.no_grad():
+        full, fast, unpenalized = crit.log_probs(h), top_k_log_probs(crit, h, k, 1.5), top_k_log_probs(crit, h, k)
+    computed = torch.isfinite(fast)
+    torch.testing.assert_close(fast[computed], full[computed], rtol=1e-6, atol=1e-6)
+    penalize = RepetitionPenaltyLogitsProcessor(1.5)
+    history = full.topk(k + 2, dim=-1).indices  # the rows' best tokens were seen: all of them fall
+    penalized_full, penalized_fast = penalize(history, full.clone()), penalize(history, fast.clone())
+    if k == 1:
+        assert torch.equal(penalized_fast.argmax(-1), penalized_full.argmax(-1))
+    else:
+        top = TopKLogitsWarper(k)
+        kept_fast, kept_full = top(None, penalized_fast), top(None, penalized_full)
+        assert torch.equal(torch.isfinite(kept_fast), torch.isfinite(kept_full))
+        torch.testing.assert_close(kept_fast, kept_full, rtol=1e-6, atol=1e-6)
+    assert (computed >= torch.isfinite(unpenalized)).all()
+    if cluster_bias < 0:
+        assert not computed[:, crit.shortlist:].all()  # some tails still skipped
+        assert computed.sum() > torch.isfinite(unpenalized).sum()  # some computed for the penalty's sake
+
+
+@pytest.mark.parametrize("cluster_bias", [-3.0, 0.0, 6.0])
+def test_spread_top_k_log_probs_leave_beam_searchs_log_softmax_and_top_k_unchanged(cluster_bias):
+    """With `spread`, a skipped cluster's tokens share its probability (each log P(cluster) - log size, below the
+    row's k-th best): every row still sums to 1, so the log-softmax beam search takes of the scores leaves them, and
+    each row's k best (ids and scores) are forward's."""
+    torch.manual_seed(0)
+    cfg, _, crit = make(div_val=1)
+    with torch.no_grad():
+        crit.cluster_bias.fill_(cluster_bias)
+    h = torch.randn(32, 16)
+    k = 6
+    with torch.no_grad():
+        full, fast, plain = crit.log_probs(h), top_k_log_probs(crit, h, k, spread=True), top_k_log_probs(crit, h, k)
+    computed = torch.isfinite(plain)
+    assert torch.equal(fast[computed], plain[computed])
+    torch.testing.assert_close(fast.logsumexp(-1), torch.zeros(32), rtol=0, atol=1e-5)
+    full_top, fast_top = torch.log_softmax(full, -1).topk(k, -1), torch.log_softmax(fast, -1).topk(k, -1)
+    assert torch.equal(fast_top.indices, full_top.indices)
+    torch.testing.assert_close(fast_top.values, full_top.values, rtol=1e-5, atol=1e-5)
+    kth = full_top.values[:, -1]
+    for lo, hi in crit.bounds[1:]:
+        skipped = ~computed[:, lo]
+        share = full[skipped, lo:hi].logsumexp(-1, keepdim=True) - math.log(hi - lo)
+        torch.testing.assert_close(fast[skipped, lo:hi], share.expand(-1, hi - lo), rtol=1e-5, atol=1e-5)
+        assert (share.squeeze(1) < kth[skipped]).all()
+    if cluster_bias < 0:
+        assert not computed[:, crit.shortlist:].any()  # every tail skipped
+    if cluster_bias > 0:
+        assert computed[:, : crit.bounds[1][1]].all()
 
 
 @pytest.mark.parametrize("div_val", [1, 2])

@@ -662,24 +662,29 @@ def test_top_k_sampling_with_skipped_tails_draws_the_plain_paths_tokens(sampling
     calls = []
     fast = softmax_kernels.top_k_log_probs
     monkeypatch.setattr(softmax_kernels, "top_k_log_probs",
-                        lambda softmax, hidden, k: calls.append(k) or fast(softmax, hidden, k))
+                        lambda softmax, hidden, k, *rest: calls.append((k, *rest)) or fast(softmax, hidden, k, *rest))
     x = torch.randint(1, 97, (3, 5))
     kwargs = dict(max_new_tokens=12, do_sample=True, pad_token_id=0, eos_token_id=None, **sampling)
-    torch.manual_seed(0)
-    skipping = model.generate(x, **kwargs)
-    assert calls == [sampling["top_k"]] * 12
-    torch.manual_seed(0)
-    plain = model.generate(x, output_scores=True, return_dict_in_generate=True, **kwargs)
-    assert len(calls) == 12 and torch.equal(skipping, plain.sequences)
+    k = sampling["top_k"]
+    for extra, read in (({}, (k, 1.0, False)), ({"repetition_penalty": 1.3}, (k, 1.3, False))):
+        calls.clear()
+        torch.manual_seed(0)
+        skipping = model.generate(x, **kwargs, **extra)
+        assert calls == [read] * 12
+        torch.manual_seed(0)
+        plain = model.generate(x, output_scores=True, return_dict_in_generate=True, **kwargs, **extra)
+        assert len(calls) == 12 and torch.equal(skipping, plain.sequences)
     model.generate(x, **dict(kwargs, top_k=None, top_p=0.9))  # transformers' default top-k (50) > the shortlist
-    model.generate(x, **dict(kwargs, repetition_penalty=1.3))  # a processor before the filter: the plain path
+    model.generate(x, **dict(kwargs, repetition_penalty=0.8))  # a penalty below 1 raises scores: the plain path
     assert len(calls) == 12
 
 
 def test_tokens_read_by_a_processor_list():
-    """k for greedy decoding (1) and for processors that start with order-preserving temperatures and a top-k
-    filter; None when a processor may reorder the scores before the filter, or when nothing filters a sample."""
+    """(k, penalty) for greedy decoding (k = 1), beam search (the beams kept) and for processors that start with
+    order-preserving temperatures, repetition penalties of at least 1 (their product) and a top-k filter; None when a
+    processor may raise or reorder the scores otherwise, or when nothing filters a sample."""
     from transformers.generation.logits_process import (
+        NoBadWordsLogitsProcessor,
         RepetitionPenaltyLogitsProcessor,
         TemperatureLogitsWarper,
         TopKLogitsWarper,
@@ -688,12 +693,42 @@ def test_tokens_read_by_a_processor_list():
 
     from modeling_xl.memory_generation import tokens_read
 
-    assert tokens_read([], do_sample=False) == 1 and tokens_read([], do_sample=True) is None
-    assert tokens_read([TemperatureLogitsWarper(0.8), TopKLogitsWarper(40), TopPLogitsWarper(0.9)], True) == 40
-    assert tokens_read([TopKLogitsWarper(3, min_tokens_to_keep=5)], True) == 5
-    assert tokens_read([RepetitionPenaltyLogitsProcessor(1.2), TopKLogitsWarper(40)], True) is None
+    assert tokens_read([], do_sample=False) == (1, 1.0) and tokens_read([], do_sample=True) is None
+    assert tokens_read([], do_sample=False, kept=8) == (8, 1.0)  # beam search keeps 2 x beams
+    assert tokens_read([TemperatureLogitsWarper(0.8), TopKLogitsWarper(40), TopPLogitsWarper(0.9)], True) == (40, 1.0)
+    assert tokens_read([TopKLogitsWarper(3, min_tokens_to_keep=5)], True) == (5, 1.0)
+    assert tokens_read([RepetitionPenaltyLogitsProcessor(1.2), TopKLogitsWarper(40)], True) == (40, 1.2)
+    assert tokens_read([RepetitionPenaltyLogitsProcessor(1.5), RepetitionPenaltyLogitsProcessor(2.0)], False) == (
+        1, 3.0)  # penalties multiply
+    assert tokens_read([RepetitionPenaltyLogitsProcessor(0.8), TopKLogitsWarper(40)], True) is None  # raises scores
+    assert tokens_read([NoBadWordsLogitsProcessor([[5]], eos_token_id=0)], False) is None  # may drop the best token
     assert tokens_read([TemperatureLogitsWarper(0.8), TopPLogitsWarper(0.9)], True) is None
-    assert tokens_read([TemperatureLogitsWarper(0.8)], False) == 1
+    assert tokens_read([TemperatureLogitsWarper(0.8)], False) == (1, 1.0)
+
+
+@pytest.mark.parametrize("cluster_bias", [-4.0, 0.0, 2.0])
+@pytest.mark.parametrize("extra", [dict(), dict(repetition_penalty=1.3), dict(eos_token_id=[3, 4])],
+                         ids=["beams", "penalty", "two-eos"])
+def test_beam_search_with_skipped_tails_keeps_the_plain_paths_beams(extra, cluster_bias, monkeypatch):
+    """Beam search runs in the "top_k_decoding" context with k = the continuations it keeps ((1 + end-of-sequence
+    ids, at least 2) x beams), the penalty's bound, and skipped tails' probability spread over their tokens; its
+    sequences equal the plain path's (taken when scores are returned), over steps where the tails are skipped and
+    steps where they are computed."""
+    model = tails_biased_lm(cluster_bias)
+    from modeling_xl import adaptive_softmax_fused as softmax_kernels
+
+    calls = []
+    fast = softmax_kernels.top_k_log_probs
+    monkeypatch.setattr(softmax_kernels, "top_k_log_probs",
+                        lambda softmax, hidden, *rest: calls.append(rest) or fast(softmax, hidden, *rest))
+    x = torch.randint(5, 97, (2, 5))
+    kwargs = dict(dict(max_new_tokens=10, num_beams=3, do_sample=False, pad_token_id=0, eos_token_id=None), **extra)
+    skipping = model.generate(x, **kwargs)
+    kept = 3 * (3 if "eos_token_id" in extra else 2)
+    assert calls and set(calls) == {(kept, extra.get("repetition_penalty", 1.0), True)}
+    steps = len(calls)
+    plain = model.generate(x, output_scores=True, return_dict_in_generate=True, **kwargs)
+    assert len(calls) == steps and torch.equal(skipping, plain.sequences)
 
 
 @pytest.mark.parametrize("cluster_bias", [-4.0, 0.0, 2.0])
@@ -707,7 +742,8 @@ def test_greedy_generate_with_argmax_only_log_probs_equals_the_plain_path(cluste
     calls = []
     fast = softmax_kernels.top_k_log_probs
     monkeypatch.setattr(softmax_kernels, "top_k_log_probs",
-                        lambda softmax, hidden, k: calls.append((hidden.size(0), k)) or fast(softmax, hidden, k))
+                        lambda softmax, hidden, k, *rest: calls.append((hidden.size(0), k)) or fast(softmax, hidden, k,
+                                                                                                   *rest))
     x = torch.randint(1, 97, (3, 5))
     kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
     gen = model.generate(x, **kwargs)
@@ -717,8 +753,10 @@ def test_greedy_generate_with_argmax_only_log_probs_equals_the_plain_path(cluste
     assert torch.equal(gen, plain.sequences)
     assert torch.equal(gen, greedy_loop(model, x, 12))
     assert all(torch.isfinite(s).all() for s in plain.scores)
-    penalized = model.generate(x, repetition_penalty=1.3, **kwargs)  # a logits processor: the plain path
-    assert len(calls) == 12 and penalized.shape == gen.shape
     torch.manual_seed(0)
     sampled = model.generate(x, **dict(kwargs, do_sample=True, top_k=10))  # not greedy: the top-k path, k = 10
-    assert [c for c in calls if c[1] == 1] == [(3, 1)] * 12 and sampled.shape == gen.shape
+    assert calls[12:] == [(3, 10)] * 12 and sampled.shape == gen.shape
+    penalized = model.generate(x, repetition_penalty=1.3, **kwargs)  # the penalty's bound: still the best alone
+    assert calls[24:] == [(3, 1)] * 12
+    plain = model.generate(x, repetition_penalty=1.3, output_scores=True, return_dict_in_generate=True, **kwargs)
+    assert len(calls) == 36 and torch.equal(penalized, plain.sequences)

@@ -16,6 +16,7 @@ WRITTEN_FOR = "transformers 5.24"
 # (owner, private name, what TransformerXLForCausalLM / the heads override or call it for)
 PRIVATE_NAMES = [
     (GenerationMixin, "_sample", "greedy decoding and top-k sampling inside the `greedy_decoding` / `top_k_decoding` kernel contexts"),
+    (GenerationMixin, "_beam_search", "beam search inside the `top_k_decoding` kernel context"),
     (GenerationMixin, "_update_model_kwargs_for_generation", "carrying the memory between steps as `mems`"),
     (GenerationMixin, "_expand_inputs_for_generation", "repeating a caller's `mems` for beams and sequences"),
     (GenerationMixin, "_supports_default_dynamic_cache", "telling generate that the memory is not a key/value cache"),
@@ -37,6 +38,16 @@ def test_beam_search_still_reorders_through_the_model_hook():
     assert "self._reorder_cache(" in source, (
         f"transformers {transformers.__version__}'s beam search no longer calls model._reorder_cache; modeling_xl "
         f"reorders its memory (and the keys/values kept for it) there (written for {WRITTEN_FOR})")
+
+
+def test_beam_search_still_keeps_the_continuations_our_tail_skipping_reads():
+    """Beam search's `_skipping_tails` reads each row's (1 + end-of-sequence ids, at least 2) x beams best tokens:
+    transformers' `beams_to_keep`, taken per step as the top-k of the log-softmax of the scores."""
+    source = inspect.getsource(GenerationMixin._beam_search)
+    assert "beams_to_keep = max(2, 1 + n_eos_tokens) * num_beams" in source, (
+        f"transformers {transformers.__version__}'s beam search keeps another number of continuations; "
+        f"MemoryGenerationMixin._beam_search computes it as `beams_to_keep` was (written for {WRITTEN_FOR})")
+    assert "log_softmax(logits" in source
 
 
 def test_loading_kwargs_cover_the_installed_from_pretrained():
