@@ -24,9 +24,9 @@ torch's scaled_dot_product_attention (every device), `_triton` Triton code (CUDA
 | tied_table_gradient | - | `adaptive_softmax_fused.deferring_table_gradient`: a context for one LM forward in which the tied table's gradient is deferred to its lookup, every device |
 | embedding, tied_output | the modules themselves | `adaptive_softmax_fused.embedding_lookup`, `tied_output_logits` (within that context), every device |
 | adaptive_softmax_nll | `AdaptiveLogSoftmax.nll` | `adaptive_softmax_fused.shared_table_nll`, every device |
-| adaptive_log_probs | `AdaptiveLogSoftmax.log_probs` | `adaptive_softmax_fused.full_log_probs` (one product, written once; greedy and top-k: tails skipped), every device |
+| adaptive_log_probs | `AdaptiveLogSoftmax.log_probs` | `adaptive_softmax_fused.full_log_probs` (one product, written once; greedy, top-k and beams: tails skipped), every device |
 | greedy_decoding | - | `adaptive_softmax_fused.greedy_decoding`: a context in which `adaptive_log_probs` skips tails that cannot hold the argmax, every device |
-| top_k_decoding | - | `adaptive_softmax_fused.top_k_decoding`: the same for a row's k best tokens (top-k sampling), cpu (on CUDA each skip decision is a host sync, and the whole product costs little; not measured there) |
+| top_k_decoding | - | `adaptive_softmax_fused.top_k_decoding`: the same for a row's k best tokens (top-k sampling, beam search), cpu (on CUDA each skip decision is a host sync, and the whole product costs little; not measured there) |
 | few_row_logits | `F.linear` | `adaptive_softmax_fused.few_row_logits`, cpu where torch's widest kernels are AVX2 (`few_rows_pay_off`) |
 
 Attention policy (`attention_implementation`): the one place where the requested `attn_implementation` is not taken

@@ -707,13 +707,14 @@ def test_tokens_read_by_a_processor_list():
 
 
 @pytest.mark.parametrize("cluster_bias", [-4.0, 0.0, 2.0])
-@pytest.mark.parametrize("extra", [dict(), dict(repetition_penalty=1.3), dict(eos_token_id=[3, 4])],
-                         ids=["beams", "penalty", "two-eos"])
-def test_beam_search_with_skipped_tails_keeps_the_plain_paths_beams(extra, cluster_bias, monkeypatch):
+@pytest.mark.parametrize("extra,read", [
+    (dict(), (6, 1.0, True)), (dict(repetition_penalty=1.3), (6, 1.3, True)), (dict(eos_token_id=[3, 4]), (9, 1.0, True)),
+    (dict(do_sample=True, top_k=8), (8, 1.0, True))], ids=["beams", "penalty", "two-eos", "beam-sampling"])
+def test_beam_search_with_skipped_tails_keeps_the_plain_paths_beams(extra, read, cluster_bias, monkeypatch):
     """Beam search runs in the "top_k_decoding" context with k = the continuations it keeps ((1 + end-of-sequence
-    ids, at least 2) x beams), the penalty's bound, and skipped tails' probability spread over their tokens; its
-    sequences equal the plain path's (taken when scores are returned), over steps where the tails are skipped and
-    steps where they are computed."""
+    ids, at least 2) x beams; with sampling the top-k filter's k), the penalty's bound, and skipped tails'
+    probability spread over their tokens; its sequences equal the plain path's (taken when scores are returned), over
+    steps where the tails are skipped and steps where they are computed."""
     model = tails_biased_lm(cluster_bias)
     from modeling_xl import adaptive_softmax_fused as softmax_kernels
 
@@ -723,10 +724,11 @@ def test_beam_search_with_skipped_tails_keeps_the_plain_paths_beams(extra, clust
                         lambda softmax, hidden, *rest: calls.append(rest) or fast(softmax, hidden, *rest))
     x = torch.randint(5, 97, (2, 5))
     kwargs = dict(dict(max_new_tokens=10, num_beams=3, do_sample=False, pad_token_id=0, eos_token_id=None), **extra)
+    torch.manual_seed(0)
     skipping = model.generate(x, **kwargs)
-    kept = 3 * (3 if "eos_token_id" in extra else 2)
-    assert calls and set(calls) == {(kept, extra.get("repetition_penalty", 1.0), True)}
+    assert calls and set(calls) == {read}
     steps = len(calls)
+    torch.manual_seed(0)
     plain = model.generate(x, output_scores=True, return_dict_in_generate=True, **kwargs)
     assert len(calls) == steps and torch.equal(skipping, plain.sequences)
 
