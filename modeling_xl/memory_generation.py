@@ -56,6 +56,7 @@ class MemoryGenerationMixin(GenerationMixin):
 
     static_decoding: str | None = "eager"  # "eager", "compiled" or None: how generation runs its one-token steps
     static_decoding_options: dict = {}  # torch.compile's options for "compiled" (default: CUDA graphs on CUDA)
+    skip_unread_tails: bool = True  # False: every step computes every log-probability (`_skipping_tails`)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -153,11 +154,11 @@ class MemoryGenerationMixin(GenerationMixin):
     def _skipping_tails(self, logits_processor, generation_config, kept: int, spread: bool = False):
         """Where the tokens chosen depend only on each row's k most likely tokens (`tokens_read`) and no score is
         returned, the context of the "greedy_decoding" (k = 1) or "top_k_decoding" kernel: the log-probabilities of
-        tail clusters that cannot hold one of those k tokens are not computed, which gives the same tokens. Else no
-        context."""
+        tail clusters that cannot hold one of those k tokens are not computed, which gives the same tokens. Else, or
+        with `skip_unread_tails` False, no context."""
         scores_returned = generation_config.return_dict_in_generate and (
             generation_config.output_scores or generation_config.output_logits)
-        read = tokens_read(logits_processor, generation_config.do_sample, kept)
+        read = tokens_read(logits_processor, generation_config.do_sample, kept) if self.skip_unread_tails else None
         if read is None or scores_returned or read[0] >= self.lm_head.shortlist:
             return contextlib.nullcontext()
         k, penalty = read

@@ -28,3 +28,19 @@ def test_floor_worker_reports_one_time_per_call(impl):
     result = bench_generate.worker({"impl": impl, "threads": 1, "batch": 2, "mode": "top-k", "new_tokens": 10,
                                     "calls": 3})
     assert len(result["times"]) == 3 and all(t > 0 for t in result["times"])
+
+
+def test_tail_skip_pair_times_both_sides_with_the_same_tokens():
+    """benchmarks/bench_tail_skip.py's A/B: one time per round per side, the switch left on, the tokens compared."""
+    import bench_tail_skip
+    import torch
+
+    from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
+
+    torch.manual_seed(0)
+    config = TransformerXLConfig.from_preset("debug", vocab_size=bench_generate.SHAPE["vocab_size"], d_embed=16,
+                                             div_val=1, cutoffs=[2000, 10000, 20000])
+    model = TransformerXLForCausalLM(config).eval()
+    result = bench_tail_skip.time_pair(model, "beam-4", batch=2, new_tokens=4, rounds=2)
+    assert result["same_tokens"] and model.skip_unread_tails
+    assert len(result["raw"][True]) == len(result["raw"][False]) == 2 and result["on_ms"] > 0

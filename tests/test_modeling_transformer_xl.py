@@ -731,6 +731,9 @@ def test_beam_search_with_skipped_tails_keeps_the_plain_paths_beams(extra, read,
     torch.manual_seed(0)
     plain = model.generate(x, output_scores=True, return_dict_in_generate=True, **kwargs)
     assert len(calls) == steps and torch.equal(skipping, plain.sequences)
+    model.skip_unread_tails = False  # the switch: every log-probability, the same beams
+    torch.manual_seed(0)
+    assert torch.equal(model.generate(x, **kwargs), skipping) and len(calls) == steps
 
 
 @pytest.mark.parametrize("cluster_bias", [-4.0, 0.0, 2.0])
