@@ -120,7 +120,7 @@ class DecodeState:
     def reorder_(self, index: torch.Tensor) -> "DecodeState":
         """Beam search: every buffer's rows follow `index` (row r takes row index[r]). On CUDA in place, so that a
         captured CUDA graph keeps reading them at their addresses. Elsewhere only the rows whose source is another
-        row move (a third of them a step in a 4-beam search): their sources are read out, then written over them;
+        row move (a third of them a step in a 4-beam search), each copied straight from its source (`_move_rows`);
         with more than half the rows moving, each buffer is replaced by its reordered copy (one pass over the memory
         instead of two). A compiled step reads either without recompiling."""
         index = index.to(self.real.device)
@@ -130,9 +130,7 @@ class DecodeState:
             return self
         moved = (index != torch.arange(index.numel(), device=index.device)).nonzero().squeeze(1)
         if 2 * moved.numel() <= index.numel():
-            sources = index[moved]
-            for buffer in self.rows():
-                buffer.index_copy_(0, moved, buffer.index_select(0, sources))
+            self._move_rows(moved.tolist(), index[moved].tolist())
             return self
         self.keys = [k.index_select(0, index) for k in self.keys]
         self.values = [v.index_select(0, index) for v in self.values]
@@ -140,6 +138,18 @@ class DecodeState:
             self.hiddens = [h.index_select(0, index) for h in self.hiddens]
         self.real = self.real.index_select(0, index)
         return self
+
+    def _move_rows(self, rows: list[int], sources: list[int]) -> None:
+        """Row rows[j] of every buffer takes row sources[j], in place: each row copy reads its source and writes its
+        destination once (a gather of the sources, then a scatter, moves every row twice). Sources that another move
+        overwrites are read out first."""
+        overwritten = set(rows)
+        early = sorted({source for source in sources if source in overwritten})
+        slot = {source: i for i, source in enumerate(early)}
+        for buffer in self.rows():
+            saved = buffer[early] if early else None  # a copy, taken before any row is written
+            for row, source in zip(rows, sources):
+                buffer[row].copy_(saved[slot[source]] if source in slot else buffer[source])
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:

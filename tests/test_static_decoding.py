@@ -162,12 +162,13 @@ def test_compiled_generation_captures_once_for_every_generate_call():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("order", [[0, 1, 2, 3], [0, 0, 2, 3], [1, 0, 2, 2], [3, 3, 0, 1], [2, 3, 0, 1]],
-                         ids=["unchanged", "one-row", "two-rows", "three-rows", "every-row"])
+@pytest.mark.parametrize("order", [[0, 1, 2, 3], [0, 0, 2, 3], [1, 0, 2, 3], [0, 2, 3, 3], [1, 0, 2, 2], [3, 3, 0, 1],
+                                   [2, 3, 0, 1]],
+                         ids=["unchanged", "one-row", "swap", "chain", "three-rows", "three-rows-again", "every-row"])
 def test_a_beam_reorder_moves_every_buffer_row_to_its_source(order):
-    """Rows follow `order` (row r takes row order[r], a source used twice too) in keys, values, hidden states and the
-    written mask, whether a few rows move (in place) or most do (new buffers); the steps after it equal the forward
-    with the reordered memory."""
+    """Rows follow `order` (row r takes row order[r], a source used twice too, a source overwritten by another
+    move) in keys, values, hidden states and the written mask, whether a few rows move (in place) or most do (new
+    buffers); the steps after it equal the forward with the reordered memory."""
     model = small_lm()
     g = torch.Generator().manual_seed(6)
     with torch.no_grad():
