@@ -354,10 +354,11 @@ def top_k_log_probs(softmax, hidden: torch.Tensor, k: int, penalty: float = 1.0,
     rank above them, and the cluster's logits are computed only for the other rows. (k = 1: the best so far includes
     the tails computed before, and a tie goes to the lower id, as `argmax` does, so a cluster is needed only where it
     is strictly more likely than the best so far; k > 1: the k-th best of the shortlist, and transformers' top-k keeps
-    every token tied with the k-th, so a tie counts as needed. Where the shortlist leaves no tail to skip in any row,
-    `one_product_log_probs` runs instead: one product costs less than one per cluster.) `penalty` >= 1: the scores
+    every token tied with the k-th, so a tie counts as needed. Where the shortlist leaves no tail to skip in any row
+    and there is one shared table, `one_product_log_probs` runs instead: one product costs less than one per
+    cluster.) `penalty` >= 1: the scores
     are read after processors that may lower a token's score s to no less than min(penalty * s, s / penalty)
-    (transformers' repetition penalty), so a cluster is needed where it is at least that bound of the k-th best; a
+    (transformers' repetition penalty), so a cluster is needed where it reaches that bound of the k-th best; a
     skipped token's score can only fall. A trained model's likely words are mostly frequent (shortlist) words, so a
     step multiplies by the head's `shortlist + n_clusters` rows instead of the whole vocabulary's (33,278 x 256 ->
     2,003 x 256 floats read per token at the d_model 256 benchmark shape), and a batch pays for a tail only on the
@@ -443,7 +444,8 @@ def active_table_gradient(weight: torch.Tensor) -> "TableGradient | None":
 @contextlib.contextmanager
 def top_k_decoding(softmax: nn.Module, k: int, penalty: float = 1.0, spread: bool = False):
     """Within the block, `softmax`'s full distribution is asked for by decoding that reads only each row's k most
-    likely tokens (greedy decoding: k = 1; top-k sampling; beam search, which keeps 2 x beams) and no other score,
+    likely tokens (greedy decoding: k = 1; top-k sampling; beam search, which keeps (1 + end-of-sequence ids, at least
+    2) x beams) and no other score,
     after processors that lower a score by at most `penalty`: `full_log_probs` gives `top_k_log_probs` (the same k
     best; tail clusters that cannot hold one of them left at -inf, or with `spread` given their probability evenly)."""
     token = _TOP_K.set((softmax, k, penalty, spread))

@@ -37,8 +37,9 @@ def tokens_read(logits_processor, do_sample: bool, kept: int = 1) -> tuple[int, 
     processors. The processors up to a top-k filter may only divide by a temperature (order-preserving) or apply a
     repetition penalty >= 1 (which lowers the scores of some tokens by that factor; penalties multiply), and every
     token below the k-th is then -inf; without sampling the step itself keeps the `kept` best (greedy decoding 1,
-    beam search its 2 x beams) after those processors. None when a processor may raise or reorder scores otherwise
-    (a penalty below 1, bad words, ...) or nothing filters a sample (sampling from the whole distribution)."""
+    beam search (1 + end-of-sequence ids, at least 2) x beams) after those processors. None when a processor may
+    raise or reorder scores otherwise (a penalty below 1, bad words, ...) or nothing filters a sample (sampling from
+    the whole distribution)."""
     penalty = 1.0
     for processor in logits_processor or ():
         if isinstance(processor, TopKLogitsWarper):
@@ -162,7 +163,7 @@ class MemoryGenerationMixin(GenerationMixin):
         if read is None or scores_returned or read[0] >= self.lm_head.shortlist:
             return contextlib.nullcontext()
         k, penalty = read
-        if k == 1 and (greedy := kernel("greedy_decoding", self.device.type)) is not None:
+        if k == 1 and not spread and (greedy := kernel("greedy_decoding", self.device.type)) is not None:
             return greedy(self.lm_head, penalty)
         if k > 1 and self.lm_head.n_clusters and (top_k := kernel("top_k_decoding", self.device.type)):
             return top_k(self.lm_head, k, penalty, spread)

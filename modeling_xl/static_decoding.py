@@ -141,8 +141,8 @@ class DecodeState:
 
     def _move_rows(self, rows: list[int], sources: list[int]) -> None:
         """Row rows[j] of every buffer takes row sources[j], in place: each row copy reads its source and writes its
-        destination once (a gather of the sources, then a scatter, moves every row twice). Sources that another move
-        overwrites are read out first."""
+        destination (a gather of the sources, then a scatter, moves every row twice). Sources that another move
+        overwrites are read out first, and copied from there."""
         overwritten = set(rows)
         early = sorted({source for source in sources if source in overwritten})
         slot = {source: i for i, source in enumerate(early)}

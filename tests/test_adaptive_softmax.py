@@ -410,17 +410,18 @@ def test_top_k_log_probs_give_the_top_k_filter_the_same_scores(k, cluster_bias, 
         assert computed[:, : crit.bounds[1][1]].all()  # every row: the first tail (likelier than any shortlist word)
 
 
-@pytest.mark.parametrize("cluster_bias", [-1.0, 0.0])
+@pytest.mark.parametrize("cluster_bias", [-2.0, -1.0, 0.0, 1.0])
 @pytest.mark.parametrize("k", [1, 4])
 def test_top_k_log_probs_under_a_repetition_penalty_keep_the_penalized_choice(k, cluster_bias):
     """With `penalty`, a cluster is skipped only where none of its tokens can reach the k-th best after transformers'
     repetition penalty, which lowers the scores of the tokens seen: on histories that penalize each row's best
-    tokens, the penalized argmax (k = 1) or top-k filter (k > 1) of the returned scores is forward's. The bound
-    computes every cluster that the unpenalized skip computes, and more."""
+    shortlist tokens (a last cluster of one token, whose score is its cluster's, can then win), the penalized argmax
+    (k = 1) or top-k filter (k > 1) of the returned scores is forward's. The bound computes every cluster that the
+    unpenalized skip computes, and more."""
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
 
     torch.manual_seed(0)
-    cfg, _, crit = make(div_val=1)
+    cfg, _, crit = make(div_val=1, vocab=51)  # clusters [20, 50) and [50, 51)
     with torch.no_grad():
         crit.cluster_bias.fill_(cluster_bias)
     h = torch.randn(64, 16)
@@ -429,7 +430,7 @@ def test_top_k_log_probs_under_a_repetition_penalty_keep_the_penalized_choice(k,
     computed = torch.isfinite(fast)
     torch.testing.assert_close(fast[computed], full[computed], rtol=1e-6, atol=1e-6)
     penalize = RepetitionPenaltyLogitsProcessor(1.5)
-    history = full.topk(k + 2, dim=-1).indices  # the rows' best tokens were seen: all of them fall
+    history = full[:, : crit.shortlist].topk(k + 2, dim=-1).indices  # the rows' best shortlist tokens fall
     penalized_full, penalized_fast = penalize(history, full.clone()), penalize(history, fast.clone())
     if k == 1:
         assert torch.equal(penalized_fast.argmax(-1), penalized_full.argmax(-1))
@@ -441,6 +442,7 @@ def test_top_k_log_probs_under_a_repetition_penalty_keep_the_penalized_choice(k,
     assert (computed >= torch.isfinite(unpenalized)).all()
     if cluster_bias < 0:
         assert not computed[:, crit.shortlist:].all()  # some tails still skipped
+    if cluster_bias == -1.0:
         assert computed.sum() > torch.isfinite(unpenalized).sum()  # some computed for the penalty's sake
 
 

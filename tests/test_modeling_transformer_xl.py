@@ -706,10 +706,11 @@ def test_tokens_read_by_a_processor_list():
     assert tokens_read([TemperatureLogitsWarper(0.8)], False) == (1, 1.0)
 
 
-@pytest.mark.parametrize("cluster_bias", [-4.0, 0.0, 2.0])
+@pytest.mark.parametrize("cluster_bias", [-4.0, -1.0, 2.0])  # -1: tails near a row's k best
 @pytest.mark.parametrize("extra,read", [
-    (dict(), (6, 1.0, True)), (dict(repetition_penalty=1.3), (6, 1.3, True)), (dict(eos_token_id=[3, 4]), (9, 1.0, True)),
-    (dict(do_sample=True, top_k=8), (8, 1.0, True))], ids=["beams", "penalty", "two-eos", "beam-sampling"])
+    (dict(), (6, 1.0, True)), (dict(repetition_penalty=1.3), (6, 1.3, True)),
+    (dict(eos_token_id=[3, 4]), (9, 1.0, True)), (dict(do_sample=True, top_k=8), (8, 1.0, True))],
+    ids=["beams", "penalty", "two-eos", "beam-sampling"])
 def test_beam_search_with_skipped_tails_keeps_the_plain_paths_beams(extra, read, cluster_bias, monkeypatch):
     """Beam search runs in the "top_k_decoding" context with k = the continuations it keeps ((1 + end-of-sequence
     ids, at least 2) x beams; with sampling the top-k filter's k), the penalty's bound, and skipped tails'
@@ -718,10 +719,10 @@ def test_beam_search_with_skipped_tails_keeps_the_plain_paths_beams(extra, read,
     model = tails_biased_lm(cluster_bias)
     from modeling_xl import adaptive_softmax_fused as softmax_kernels
 
-    calls = []
+    calls, scores = [], []
     fast = softmax_kernels.top_k_log_probs
-    monkeypatch.setattr(softmax_kernels, "top_k_log_probs",
-                        lambda softmax, hidden, *rest: calls.append(rest) or fast(softmax, hidden, *rest))
+    monkeypatch.setattr(softmax_kernels, "top_k_log_probs", lambda softmax, hidden, *rest: calls.append(rest) or (
+        scores.append(fast(softmax, hidden, *rest)) or scores[-1]))
     x = torch.randint(5, 97, (2, 5))
     kwargs = dict(dict(max_new_tokens=10, num_beams=3, do_sample=False, pad_token_id=0, eos_token_id=None), **extra)
     torch.manual_seed(0)
@@ -729,8 +730,12 @@ def test_beam_search_with_skipped_tails_keeps_the_plain_paths_beams(extra, read,
     assert calls and set(calls) == {read}
     steps = len(calls)
     torch.manual_seed(0)
-    plain = model.generate(x, output_scores=True, return_dict_in_generate=True, **kwargs)
+    plain = model.generate(x, output_logits=True, return_dict_in_generate=True, **kwargs)
     assert len(calls) == steps and torch.equal(skipping, plain.sequences)
+    for ours, theirs in zip(scores, plain.logits):  # step by step: each row's k best after beam search's log-softmax
+        ours, theirs = torch.log_softmax(ours, -1).topk(read[0]), torch.log_softmax(theirs, -1).topk(read[0])
+        assert torch.equal(ours.indices.sort(-1).values, theirs.indices.sort(-1).values)
+        torch.testing.assert_close(ours.values, theirs.values, rtol=1e-5, atol=1e-5)
     model.skip_unread_tails = False  # the switch: every log-probability, the same beams
     torch.manual_seed(0)
     assert torch.equal(model.generate(x, **kwargs), skipping) and len(calls) == steps
