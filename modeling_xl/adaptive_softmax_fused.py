@@ -335,11 +335,6 @@ def every_cluster_logits(softmax, hiddens: list[torch.Tensor],
                                                                  table_gradient, *hiddens)]
 
 
-def argmax_log_probs(softmax, hidden: torch.Tensor) -> torch.Tensor:
-    """`top_k_log_probs` with k = 1: what greedy decoding needs."""
-    return top_k_log_probs(softmax, hidden, 1)
-
-
 @torch.no_grad()
 def top_k_log_probs(softmax, hidden: torch.Tensor, k: int, penalty: float = 1.0,
                     spread: bool = False) -> torch.Tensor:

@@ -12,7 +12,6 @@ from modeling_xl import TransformerXLConfig
 from modeling_xl.adaptive_softmax import AdaptiveEmbedding, AdaptiveLogSoftmax, cluster_bounds
 from modeling_xl.adaptive_softmax_fused import (
     GatheredLogSoftmax,
-    argmax_log_probs,
     deferred_table_gradient,
     top_k_log_probs,
 )
@@ -333,7 +332,7 @@ def test_argmax_log_probs_equal_forward_where_computed_and_keep_the_argmax(div_v
         crit.cluster_bias.fill_(cluster_bias)
     h = torch.randn(9, 16)
     with torch.no_grad():
-        full, fast = crit.log_probs(h), argmax_log_probs(crit, h)
+        full, fast = crit.log_probs(h), top_k_log_probs(crit, h, 1)
     computed = torch.isfinite(fast)
     torch.testing.assert_close(fast[computed], full[computed], rtol=1e-6, atol=1e-6)
     assert torch.equal(fast.argmax(-1), full.argmax(-1))
@@ -363,7 +362,7 @@ def test_argmax_log_probs_compute_a_tail_only_for_the_rows_that_may_need_it():
         rows_seen = []
         original = crit.cluster_logits
         crit.cluster_logits = lambda x, i, weights=None: rows_seen.append((i, x.size(0))) or original(x, i, weights)
-        fast = argmax_log_probs(crit, h)
+        fast = top_k_log_probs(crit, h, 1)
         del crit.cluster_logits
         full = crit.log_probs(h)
     computed = torch.isfinite(fast)
@@ -374,7 +373,7 @@ def test_argmax_log_probs_compute_a_tail_only_for_the_rows_that_may_need_it():
     torch.testing.assert_close(fast[computed], full[computed], rtol=1e-6, atol=1e-6)
     assert torch.equal(fast.argmax(-1), full.argmax(-1))
     for row in range(6):  # each row as if alone: the same entries (alone, a row that needs every tail by the
-        alone = argmax_log_probs(crit, h[row:row + 1])[0]  # shortlist's bound takes the one product: all of them)
+        alone = top_k_log_probs(crit, h[row:row + 1], 1)[0]  # shortlist's bound takes the one product: all of them)
         assert (torch.isfinite(alone) >= computed[row]).all() and torch.equal(alone.argmax(), fast[row].argmax())
         torch.testing.assert_close(alone[computed[row]], fast[row][computed[row]], rtol=1e-6, atol=1e-6)
 
