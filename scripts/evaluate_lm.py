@@ -125,8 +125,8 @@ def run(args) -> dict:
         results_markdown,
         reuse_vs_vanilla,
         sweep_table,
-        update_card_section,
     )
+    from modeling_xl.runtime.run_folder import update_card_section
 
     check_args(args)
     if args.threads is not None:

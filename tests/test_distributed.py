@@ -41,7 +41,7 @@ DRIVER = textwrap.dedent('''
     from modeling_xl.data.pretraining import plm_data_from_tokens
     from modeling_xl.data.sources import StreamLayout
     from modeling_xl.training import data_from_tokens, loop, parse_args, run_pretraining
-    from modeling_xl.training.plm_objective import plm_rows
+    from modeling_xl.training.data_sources import plm_rows
 
     if os.environ.get("FORCE_FSDP"):  # Accelerate's FSDP path on CPU: switch the state it built (see module doc)
         from accelerate.state import PartialState

@@ -17,10 +17,10 @@ from modeling_xl.evaluation.long_context import (
     memory_sweep,
     reuse_vs_vanilla,
     sweep_table,
-    update_card_section,
     vanilla_nll,
 )
 from modeling_xl.evaluation.stream_scoring import evaluate_causal_lm
+from modeling_xl.runtime.run_folder import update_card_section
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,6 +131,15 @@ def test_card_section_with_hand_edited_markers_is_refused_and_kept(tmp_path, mar
     with pytest.raises(ValueError, match=r"lm-evaluation:start -->' [01] time\(s\) and .* expected each once"):
         update_card_section(card, "lm-evaluation", "## Results\nppl 9")
     assert card.read_text() == before
+
+
+def test_card_section_write_that_fails_leaves_the_card_as_it_was(tmp_path):
+    card = tmp_path / "README.md"
+    card.write_text("# model\n\nnotes the user wrote\n")
+    before = card.read_text()
+    with pytest.raises(UnicodeEncodeError):  # fails while the new card is being written
+        update_card_section(card, "lm-evaluation", "## Results\nppl \ud800")
+    assert card.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]
 
 
 def load_script(name):

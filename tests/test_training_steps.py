@@ -30,7 +30,7 @@ from modeling_xl.training import (
     steps,
     train_step,
 )
-from modeling_xl.training.plm_objective import plm_rows
+from modeling_xl.training.data_sources import plm_rows
 from modeling_xl.training.steps import clm_objective
 
 REPO = Path(__file__).resolve().parents[1]

@@ -323,7 +323,7 @@ class _WordTokenizer:
 
 def _plm_data(*argv, valid_tokens=1200):
     from modeling_xl.data.pretraining import plm_data_from_tokens
-    from modeling_xl.training.plm_objective import plm_rows
+    from modeling_xl.training.data_sources import plm_rows
 
     rng = np.random.default_rng(0)
     args = parse_args(["--objective", "plm", "--preset", "debug", "--tgt_len", "16", "--mem_len", "8", *argv])
@@ -453,7 +453,7 @@ def test_plm_bi_data_gives_every_process_and_chunk_forward_rows_then_their_backw
     from modeling_xl.data.plm_streams import bidirectional_row_order
     from modeling_xl.data.pretraining import plm_data_from_tokens
     from modeling_xl.training.accumulation import chunk_slices
-    from modeling_xl.training.plm_objective import plm_rows
+    from modeling_xl.training.data_sources import plm_rows
 
     assert bidirectional_row_order(8, 2) == [0, 1, 4, 5, 2, 3, 6, 7]
     rng = np.random.default_rng(0)

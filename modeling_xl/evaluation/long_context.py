@@ -169,37 +169,6 @@ def plot_sweep(rows: list[dict], path, metric: str = "perplexity") -> None:
     plt.close(fig)
 
 
-def card_sections(text: str) -> list[tuple[str, str]]:
-    """(name, markdown) of every `update_card_section` section in a card's text, in order."""
-    import re
-
-    return [(name, body.strip()) for name, body in
-            re.findall(r"<!-- (\S+):start -->\n(.*?)<!-- \1:end -->", text, flags=re.S)]
-
-
-def update_card_section(readme_path, name: str, markdown: str) -> None:
-    """Write `markdown` into README.md between `<!-- name:start -->` and `<!-- name:end -->`: replaced when the
-    section exists, appended otherwise (the rest of the card is kept; a missing card is created). Markers left
-    unpaired by a hand edit are a ValueError, and the card is not touched."""
-    from pathlib import Path
-
-    path = Path(readme_path)
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    block = f"{start}\n{markdown.strip()}\n{end}\n"
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    starts, ends = text.count(start), text.count(end)
-    if (starts, ends) == (1, 1) and text.index(start) < text.index(end):
-        before, rest = text.split(start, 1)
-        after = rest.split(end, 1)[1].lstrip("\n")
-        text = before + block + after
-    elif (starts, ends) == (0, 0):
-        text = text.rstrip("\n") + ("\n\n" if text else "") + block
-    else:  # a marker was edited by hand: guessing where the section ends could delete the user's text
-        raise ValueError(f"{path} holds {start!r} {starts} time(s) and {end!r} {ends} time(s); expected each once, "
-                         f"start before end (or neither). Fix the markers by hand; the card was not changed")
-    path.write_text(text, encoding="utf-8")
-
-
 def load_eval_tokens(tokenizer, dataset_name: str, dataset_config_name: str | None = None, split: str = "validation",
                      text_column: str = "text", max_eval_tokens: int | None = None) -> torch.Tensor:
     """One split of a corpus (a Hub name, a local file/folder, or "builtin"; see `modeling_xl.data.corpora`) as the

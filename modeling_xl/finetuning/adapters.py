@@ -23,6 +23,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..runtime.run_folder import update_card_section
+
 logger = logging.getLogger(__name__)
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what `save_pretrained` of a PeftModel writes
@@ -216,7 +218,5 @@ def write_card_section(model, args, output_dir) -> None:
     """Add `card_section` to the folder's README.md (an adapted model only)."""
     if not is_adapted(model):
         return
-    from ..evaluation.long_context import update_card_section
-
     update_card_section(Path(output_dir) / "README.md", CARD_SECTION, card_section(model, args,
                                                                                 Path(args.output_dir).name))

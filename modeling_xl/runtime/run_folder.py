@@ -19,6 +19,8 @@ checkpoint folders a resume continues from.
 - `CheckpointLayout`: where a run's checkpoints live and how `latest` resolves (`PRETRAINING_CHECKPOINTS`:
   `checkpoints/step_NNNNNNN/`; `FINETUNING_CHECKPOINTS`: `checkpoint-N/`); `write_checkpoint` writes one atomically.
   What a checkpoint holds is read and checked by `checkpoint_state`.
+- `update_card_section` / `card_sections`: the named sections later tools add to the folder's card (README.md:
+  `scripts/evaluate_lm.py`'s results, a LoRA adapter's loading code), written whole or not at all.
 """
 
 from __future__ import annotations
@@ -260,6 +262,40 @@ def read_log(path) -> list[dict]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def card_sections(text: str) -> list[tuple[str, str]]:
+    """(name, markdown) of every `update_card_section` section in a card's text, in order."""
+    return [(name, body.strip()) for name, body in
+            re.findall(r"<!-- (\S+):start -->\n(.*?)<!-- \1:end -->", text, flags=re.S)]
+
+
+def update_card_section(readme_path, name: str, markdown: str) -> None:
+    """Write `markdown` into README.md between `<!-- name:start -->` and `<!-- name:end -->`: replaced when the
+    section exists, appended otherwise (the rest of the card is kept; a missing card is created). Markers left
+    unpaired by a hand edit are a ValueError, and the card is not touched. The new card is written beside the old one
+    and renamed over it, so a failure while writing (a full disk, text the encoding cannot hold, a kill) leaves the
+    card as it was."""
+    path = Path(readme_path)
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{markdown.strip()}\n{end}\n"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    starts, ends = text.count(start), text.count(end)
+    if (starts, ends) == (1, 1) and text.index(start) < text.index(end):
+        before, rest = text.split(start, 1)
+        after = rest.split(end, 1)[1].lstrip("\n")
+        text = before + block + after
+    elif (starts, ends) == (0, 0):
+        text = text.rstrip("\n") + ("\n\n" if text else "") + block
+    else:  # a marker was edited by hand: guessing where the section ends could delete the user's text
+        raise ValueError(f"{path} holds {start!r} {starts} time(s) and {end!r} {ends} time(s); expected each once, "
+                         f"start before end (or neither). Fix the markers by hand; the card was not changed")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def write_checkpoint(accelerator, final: Path, step: int, state: dict, name: str, tensors: dict) -> None:

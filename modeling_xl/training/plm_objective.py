@@ -10,30 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from ..data.plm_layout import NUM_SPECIAL_TOKENS
-from ..data.sources import PLMRows
 from ..evaluation.stream_scoring import perplexity, recurrence_settings
-
-
-def plm_rows(args) -> PLMRows:
-    """The sample layout of a run: reuse_len (default tgt_len // 2), num_predict (default ~ tgt_len / 6, at least 1
-    per half), perm_size (default reuse_len), spans of at most max_gram tokens, drawn from `--seed`, laid out for
-    `--max_train_steps`."""
-    seq_len = args.tgt_len
-    reuse_len = args.reuse_len if args.reuse_len is not None else seq_len // 2
-    num_predict = args.num_predict if args.num_predict is not None else max(2, round(seq_len / 6))
-    perm_size = args.perm_size if args.perm_size is not None else reuse_len
-    if seq_len - reuse_len < NUM_SPECIAL_TOKENS + 2:
-        raise ValueError(f"tgt_len={seq_len} with reuse_len={reuse_len} leaves no room for A <sep> B <sep> <cls>; "
-                         f"expected tgt_len - reuse_len >= {NUM_SPECIAL_TOKENS + 2}")
-    return PLMRows(seq_len=seq_len, reuse_len=reuse_len, num_predict=num_predict, perm_size=perm_size, seed=args.seed,
-                   max_steps=args.max_train_steps, bi_data=args.bi_data, chunks=args.gradient_accumulation_steps,
-                   max_gram=args.max_gram)
+from .data_sources import plm_rows
 
 
 def plm_settings(args) -> dict:
-    """seq_len, reuse_len, num_predict, perm_size and max_gram of `plm_rows` (what a checkpoint records of the
-    sampling)."""
+    """seq_len, reuse_len, num_predict, perm_size and max_gram of `data_sources.plm_rows` (what a checkpoint records
+    of the sampling)."""
     return plm_rows(args).sampling()
 
 

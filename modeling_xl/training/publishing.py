@@ -12,6 +12,7 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 
+from ..runtime.run_folder import card_sections, update_card_section
 from .checkpointing import CHECKPOINTS
 
 # .write_test*: output-folder probes; .run.lock: the lock of the run (output_guard)
@@ -144,8 +145,6 @@ def save_card_keeping_sections(card, path) -> list[str]:
     """Save `card` to `path` (README.md), carrying over the `<!-- name:start -->` ... `<!-- name:end -->` sections
     other tools added to the card it replaces (`scripts/evaluate_lm.py`'s), each marked as measured on the earlier
     weights. Returns the names of the sections carried over."""
-    from ..evaluation.long_context import card_sections, update_card_section
-
     path = Path(path)
     sections = card_sections(path.read_text(encoding="utf-8")) if path.exists() else []
     card.save(str(path))
