@@ -126,7 +126,7 @@ def run(args) -> dict:
         reuse_vs_vanilla,
         sweep_table,
     )
-    from modeling_xl.runtime.run_folder import update_card_section
+    from modeling_xl.runtime.run_folder import replace_text, update_card_section
 
     check_args(args)
     if args.threads is not None:
@@ -159,7 +159,7 @@ def run(args) -> dict:
         v = results["vanilla"]
         print(f"vanilla: ppl {v['vanilla_perplexity']:.3f} in {v['vanilla_seconds']:.2f}s; state reuse: ppl "
               f"{v['reuse_perplexity']:.3f} in {v['reuse_seconds']:.2f}s; speed-up {v['speedup']:.1f}x")
-    (out_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+    replace_text(out_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
     update_card_section(out_dir / "README.md", CARD_SECTION, results_markdown(results, metric))
     return results
 

@@ -2,14 +2,16 @@
 (issue 20 item 3): a live holder refuses a second run before it writes anything; a holder killed by SIGKILL leaves a
 lock file that blocks nothing; a normal end removes the file."""
 
+import errno
 import os
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import warm_launch
 
-from modeling_xl.runtime.run_folder import LOCK_FILE, OutputDirLock, OutputDirLockedError
+from modeling_xl.runtime.run_folder import LOCK_FILE, LOG_FILE, OutputDirLock, OutputDirLockedError, StepLog, read_log
 from modeling_xl.training.arguments import parse_args
 from modeling_xl.training.loop import run_pretraining
 
@@ -94,3 +96,22 @@ def test_folders_the_lock_made_go_again_when_nothing_was_written(tmp_path):
     existing.mkdir()
     OutputDirLock(existing).acquire().release()
     assert existing.is_dir()  # the user's own (empty) folder stays
+
+
+def test_a_step_log_cut_back_on_resume_stays_whole_when_the_write_fails(tmp_path, monkeypatch):
+    records = [{"step": step, "loss": 5.0 - step} for step in (1, 2, 3)]
+    (tmp_path / LOG_FILE).write_text("".join(f'{{"step": {r["step"]}, "loss": {r["loss"]}}}\n' for r in records))
+    before = (tmp_path / LOG_FILE).read_text()
+    write_text = Path.write_text
+
+    def disk_full(path, text, *args, **kwargs):  # half the text reaches the disk, then the disk is full
+        write_text(path, text[:len(text) // 2], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        StepLog(tmp_path, enabled=True, resume_step=1)
+    assert (tmp_path / LOG_FILE).read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == [LOG_FILE]
+    monkeypatch.undo()
+    StepLog(tmp_path, enabled=True, resume_step=1)
+    assert read_log(tmp_path / LOG_FILE) == records[:1]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..runtime.run_folder import replace_text
 from .arguments import TRAINING_CONFIG, FinetuneArguments
 from .tasks import TASKS, Task
 
@@ -36,7 +37,7 @@ def save_training_config(args, chosen: dict[str, str], output_dir) -> None:
     """`training_config.json`: every resolved argument of the run (the defaults chosen for this model included) and,
     under `defaults_chosen`, why each default has its value (`defaults.apply_defaults`)."""
     values = {**asdict(args), "defaults_chosen": chosen}
-    (Path(output_dir) / TRAINING_CONFIG).write_text(json.dumps(values, indent=2, default=str) + "\n")
+    replace_text(Path(output_dir) / TRAINING_CONFIG, json.dumps(values, indent=2, default=str) + "\n")
 
 
 def dev_line(results: dict) -> str:

@@ -24,6 +24,8 @@ from typing import ClassVar
 import datasets
 import torch
 
+from ..runtime.run_folder import replace_text
+
 logger = logging.getLogger(__name__)
 
 
@@ -82,11 +84,11 @@ class Job(ABC):
         from .arguments import compare_results_path
 
         out = Path(self.args.output_dir)
-        (out / self.results_file).write_text(json.dumps(results, indent=2, default=str) + "\n")
+        replace_text(out / self.results_file, json.dumps(results, indent=2, default=str) + "\n")
         baseline = None
         if self.args.compare_with is not None:
             baseline = json.loads(compare_results_path(self.args.compare_with, self.results_file).read_text())
-        self.card(results, baseline, config).save(out / "README.md")
+        replace_text(out / "README.md", str(self.card(results, baseline, config)))
 
 
 def model_inputs(batch: dict, args) -> dict:

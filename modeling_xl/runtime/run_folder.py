@@ -16,6 +16,7 @@ checkpoint folders a resume continues from.
 - `check_output_dir`: create the folder and prove it writable, refusing one that holds an earlier run unless the run
   resumes or overwrites; `clear_run_records` deletes that earlier run's records for `--overwrite_output_dir`.
 - `StepLog` / `read_log`: the append-only JSONL step log (`LOG_FILE`), cut back to the resumed step on resume.
+- `replace_text`: a file of the folder written whole or not at all (the step log cut back, results, cards).
 - `CheckpointLayout`: where a run's checkpoints live and how `latest` resolves (`PRETRAINING_CHECKPOINTS`:
   `checkpoints/step_NNNNNNN/`; `FINETUNING_CHECKPOINTS`: `checkpoint-N/`); `write_checkpoint` writes one atomically.
   What a checkpoint holds is read and checked by `checkpoint_state`.
@@ -249,7 +250,7 @@ class StepLog:
         self.enabled = enabled
         if enabled and self.path.exists():
             kept = [r for r in read_log(self.path) if resume_step is not None and r["step"] <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            replace_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))  # a kill here keeps the old log
 
     def write(self, record: dict) -> None:
         if self.enabled:
@@ -264,6 +265,18 @@ def read_log(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def replace_text(path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` through a file beside it that is renamed over it once written: a failure while
+    writing (a full disk, text the encoding cannot hold, a kill) leaves the file as it was, or absent."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8", newline="")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def card_sections(text: str) -> list[tuple[str, str]]:
     """(name, markdown) of every `update_card_section` section in a card's text, in order."""
     return [(name, body.strip()) for name, body in
@@ -274,8 +287,7 @@ def update_card_section(readme_path, name: str, markdown: str) -> None:
     """Write `markdown` into README.md between `<!-- name:start -->` and `<!-- name:end -->`: replaced when the
     section exists, appended otherwise (the rest of the card is kept; a missing card is created). Markers left
     unpaired by a hand edit are a ValueError, and the card is not touched. The new card is written beside the old one
-    and renamed over it, so a failure while writing (a full disk, text the encoding cannot hold, a kill) leaves the
-    card as it was."""
+    and renamed over it (`replace_text`)."""
     path = Path(readme_path)
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     block = f"{start}\n{markdown.strip()}\n{end}\n"
@@ -290,12 +302,7 @@ def update_card_section(readme_path, name: str, markdown: str) -> None:
     else:  # a marker was edited by hand: guessing where the section ends could delete the user's text
         raise ValueError(f"{path} holds {start!r} {starts} time(s) and {end!r} {ends} time(s); expected each once, "
                          f"start before end (or neither). Fix the markers by hand; the card was not changed")
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    replace_text(path, text)
 
 
 def write_checkpoint(accelerator, final: Path, step: int, state: dict, name: str, tensors: dict) -> None:

@@ -24,7 +24,7 @@ import yaml
 
 from ..configuration_transformer_xl import PRESETS
 from ..runtime.cli import base_type, dataclass_parser, parse_bool
-from ..runtime.run_folder import LOG_FILE
+from ..runtime.run_folder import LOG_FILE, replace_text
 from ..runtime.validators import check_model_source, choice, positive_int
 from .checkpointing import CHECKPOINTS
 from .feedback import PLOT_FILE
@@ -428,5 +428,5 @@ def save_resolved(args: PretrainArguments, folder: Path, extra: dict | None = No
     values = {**args.to_dict(), **(extra or {})}
     if values.get("hub_token") is not None:
         values["hub_token"] = "<HUB_TOKEN>"
-    (folder / "training_config.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
-    (folder / "training_config.json").write_text(json.dumps(values, indent=2))
+    replace_text(folder / "training_config.yaml", yaml.safe_dump(values, sort_keys=False))
+    replace_text(folder / "training_config.json", json.dumps(values, indent=2))

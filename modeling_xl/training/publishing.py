@@ -12,7 +12,7 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData
 
-from ..runtime.run_folder import card_sections, update_card_section
+from ..runtime.run_folder import card_sections, replace_text, update_card_section
 from .checkpointing import CHECKPOINTS
 
 # .write_test*: output-folder probes; .run.lock: the lock of the run (output_guard)
@@ -134,7 +134,7 @@ def model_card(folder, *, repo_id: str, args, results: dict, data_info: dict, wa
 
 def write_results(folder, results: dict, history: list[dict]) -> None:
     """`eval_results.json`: final validation metrics and every evaluation during training."""
-    Path(folder, "eval_results.json").write_text(json.dumps({**results, "history": history}, indent=2))
+    replace_text(Path(folder, "eval_results.json"), json.dumps({**results, "history": history}, indent=2))
 
 
 STALE_NOTE = ("> Measured on the weights this folder held before its latest training run, not on the current ones: run "
@@ -147,7 +147,7 @@ def save_card_keeping_sections(card, path) -> list[str]:
     weights. Returns the names of the sections carried over."""
     path = Path(path)
     sections = card_sections(path.read_text(encoding="utf-8")) if path.exists() else []
-    card.save(str(path))
+    replace_text(path, str(card))
     for name, body in sections:
         update_card_section(path, name, body if body.startswith(STALE_NOTE) else f"{STALE_NOTE}\n\n{body}")
     return [name for name, _ in sections]
