@@ -366,17 +366,8 @@ def top_k_log_probs(softmax, hidden: torch.Tensor, k: int, penalty: float = 1.0,
     weights = softmax.cluster_weights()
     head_logprob = torch.log_softmax(softmax.cluster_logits(hidden, 0, weights), dim=-1)
     shortlist, rows_in = softmax.shortlist, hidden.size(0)
-
-    def needed_by(best: torch.Tensor, cluster_logprob: torch.Tensor) -> torch.Tensor:
-        """Rows whose tokens of a cluster of that log-probability may rank among their k best ([N] or [N, C])."""
-        if best.size(1) < k:  # fewer than k tokens seen: every row may need the cluster
-            return torch.ones_like(cluster_logprob, dtype=torch.bool)
-        kth = best[:, -1:] if cluster_logprob.dim() == 2 else best[:, -1]
-        bound = kth if penalty == 1.0 else torch.minimum(kth * penalty, kth / penalty)
-        return cluster_logprob > bound if k == 1 else cluster_logprob >= bound
-
     best = head_logprob[:, :shortlist].topk(min(k, shortlist), dim=-1).values  # [N, <= k] the k best so far per row
-    if bool(needed_by(best, head_logprob[:, shortlist:]).all()):  # no tail can be skipped anywhere
+    if bool(_may_rank(best, head_logprob[:, shortlist:], k, penalty).all()):  # no tail can be skipped anywhere
         every = one_product_log_probs(softmax, hidden)  # one product of the whole table is cheaper than one per cluster
         if every is not None:
             return every
@@ -385,24 +376,41 @@ def top_k_log_probs(softmax, hidden: torch.Tensor, k: int, penalty: float = 1.0,
     for i in range(1, softmax.n_clusters + 1):
         cluster_logprob = head_logprob[:, shortlist + i - 1]
         lo, hi = softmax.bounds[i]
-        part = out[:, lo:hi]
-        needed = needed_by(best, cluster_logprob)
-        count = int(needed.sum())
-        if count == rows_in:  # every row: forward's own product
-            torch.add(torch.log_softmax(softmax.cluster_logits(hidden, i, weights), dim=-1), cluster_logprob[:, None],
-                      out=part)
-        else:
-            if spread:
-                part.copy_((cluster_logprob[:, None] - math.log(hi - lo)).expand(-1, hi - lo))
-            else:
-                part.fill_(float("-inf"))
-            if count:
-                rows = needed.nonzero().squeeze(1)
-                tail = torch.log_softmax(softmax.cluster_logits(hidden[rows], i, weights), dim=-1)
-                part[rows] = cluster_logprob[rows, None] + tail
+        needed = _may_rank(best, cluster_logprob, k, penalty)
+        count = _write_cluster(softmax, hidden, weights, i, out[:, lo:hi], cluster_logprob, needed, spread)
         if count and k == 1 and i < softmax.n_clusters:  # the best so far, for the next cluster
-            best = torch.maximum(best, part.amax(dim=-1, keepdim=True))
+            best = torch.maximum(best, out[:, lo:hi].amax(dim=-1, keepdim=True))
     return out
+
+
+def _may_rank(best: torch.Tensor, cluster_logprob: torch.Tensor, k: int, penalty: float) -> torch.Tensor:
+    """Rows whose tokens of a cluster of log-probability `cluster_logprob` ([N], or [N, C] for C clusters) may rank
+    among their k best, given `best` ([N, <= k]: the k best so far, descending); see `top_k_log_probs`."""
+    if best.size(1) < k:  # fewer than k tokens seen: every row may need the cluster
+        return torch.ones_like(cluster_logprob, dtype=torch.bool)
+    kth = best[:, -1:] if cluster_logprob.dim() == 2 else best[:, -1]
+    bound = kth if penalty == 1.0 else torch.minimum(kth * penalty, kth / penalty)
+    return cluster_logprob > bound if k == 1 else cluster_logprob >= bound
+
+
+def _write_cluster(softmax, hidden: torch.Tensor, weights, i: int, part: torch.Tensor, cluster_logprob: torch.Tensor,
+                   needed: torch.Tensor, spread: bool) -> int:
+    """Cluster i's log-probabilities into `part` ([N, cluster size]) for the `needed` rows; the other rows get -inf,
+    or with `spread` the cluster's probability shared evenly. Returns the number of rows computed."""
+    count = int(needed.sum())
+    if count == hidden.size(0):  # every row: forward's own product
+        torch.add(torch.log_softmax(softmax.cluster_logits(hidden, i, weights), dim=-1), cluster_logprob[:, None],
+                  out=part)
+        return count
+    if spread:
+        part.copy_((cluster_logprob[:, None] - math.log(part.size(1))).expand(-1, part.size(1)))
+    else:
+        part.fill_(float("-inf"))
+    if count:
+        rows = needed.nonzero().squeeze(1)
+        part[rows] = cluster_logprob[rows, None] + torch.log_softmax(softmax.cluster_logits(hidden[rows], i, weights),
+                                                                     dim=-1)
+    return count
 
 
 # The TableGradient of the forward in progress (set by the LM heads around one forward), and the softmax that
