@@ -69,9 +69,15 @@ def complete_auto_map(save_directory, auto_map: dict[str, str]) -> None:
     for auto_class, reference in auto_map.items():
         if os.path.exists(os.path.join(save_directory, reference.split(".")[0] + ".py")):
             config["auto_map"].setdefault(auto_class, reference)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-        f.write("\n")
+    temporary = f"{path}.{os.getpid()}.tmp"  # renamed over config.json once written: a kill keeps the old one
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
 
 
 def share_weight_files(save_directory) -> None:
