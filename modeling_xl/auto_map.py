@@ -69,7 +69,8 @@ def complete_auto_map(save_directory, auto_map: dict[str, str]) -> None:
     for auto_class, reference in auto_map.items():
         if os.path.exists(os.path.join(save_directory, reference.split(".")[0] + ".py")):
             config["auto_map"].setdefault(auto_class, reference)
-    temporary = f"{path}.{os.getpid()}.tmp"  # renamed over config.json once written: a kill keeps the old one
+    # renamed over config.json once written: a kill keeps the old one (".tmp_*": never uploaded)
+    temporary = os.path.join(save_directory, f".tmp_config.json.{os.getpid()}")
     try:
         with open(temporary, "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, sort_keys=True)

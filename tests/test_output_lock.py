@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 import warm_launch
 
-from modeling_xl.runtime.run_folder import LOCK_FILE, LOG_FILE, OutputDirLock, OutputDirLockedError, StepLog, read_log
+from modeling_xl.runtime.run_folder import (
+    LOCK_FILE,
+    LOG_FILE,
+    OutputDirLock,
+    OutputDirLockedError,
+    StepLog,
+    read_log,
+    replace_text,
+)
 from modeling_xl.training.arguments import parse_args
 from modeling_xl.training.loop import run_pretraining
 
@@ -115,3 +123,22 @@ def test_a_step_log_cut_back_on_resume_stays_whole_when_the_write_fails(tmp_path
     monkeypatch.undo()
     StepLog(tmp_path, enabled=True, resume_step=1)
     assert read_log(tmp_path / LOG_FILE) == records[:1]
+
+
+def test_a_replaced_file_keeps_its_link_its_permissions_and_a_refusal_to_be_written(tmp_path):
+    target = tmp_path / "cards" / "mine.md"
+    target.parent.mkdir()
+    target.write_text("old")
+    os.chmod(target, 0o640)
+    (tmp_path / "README.md").symlink_to(target)
+    replace_text(tmp_path / "README.md", "new")
+    assert (tmp_path / "README.md").is_symlink() and target.read_text() == "new"  # the link's target replaced
+    assert target.stat().st_mode & 0o777 == 0o640
+    replace_text(tmp_path / "new" / "folder" / "results.json", "{}")  # a missing folder is made, as a card's save does
+    assert (tmp_path / "new" / "folder" / "results.json").read_text() == "{}"
+    if os.geteuid() != 0:  # root may write a read-only file
+        os.chmod(target, 0o444)
+        with pytest.raises(PermissionError, match="not writable"):
+            replace_text(target, "newer")
+        assert target.read_text() == "new"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["mine.md"]  # no temporary file left

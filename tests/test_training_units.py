@@ -2,6 +2,7 @@
 
 import logging
 import math
+import os
 from pathlib import Path
 from unittest import mock
 
@@ -250,9 +251,18 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
 # ---------------------------------------------------------------- Hub upload, offline
 
 def _final_folder(root: Path) -> Path:
-    for name in ("config.json", "model.safetensors", "README.md", "runs/events.out", "checkpoints/step_0000001/x"):
+    """A final folder with what a kill leaves behind: a checkpoint, the temporary file of a card rewrite killed before
+    its rename (`replace_text`) and of `complete_auto_map`'s config.json, none of which is uploaded."""
+    from modeling_xl.runtime.run_folder import replace_text
+
+    for name in ("config.json", "model.safetensors", "README.md", "runs/events.out", "checkpoints/step_0000001/x",
+                 f".tmp_config.json.{os.getpid()}"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(name)
+    with mock.patch("os.replace", side_effect=SystemExit("killed")), mock.patch.object(Path, "unlink"):
+        with pytest.raises(SystemExit):
+            replace_text(root / "README.md", "the card, rewritten")
+    assert (root / "README.md").read_text() == "README.md" and len(list(root.glob(".tmp_README.md*"))) == 1
     return root
 
 

@@ -26,10 +26,12 @@ checkpoint folders a resume continues from.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,11 +269,23 @@ def read_log(path) -> list[dict]:
 
 def replace_text(path, text: str) -> None:
     """Write `text` (UTF-8) to `path` through a file beside it that is renamed over it once written: a failure while
-    writing (a full disk, text the encoding cannot hold, a kill) leaves the file as it was, or absent."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    writing (a full disk, text the encoding cannot hold, a kill) leaves the file as it was, or absent. A link is
+    followed (its target is replaced), the file keeps its permissions, and a file without write permission is refused
+    as a plain write would be. The temporary file is `.tmp_<name>.<pid>`: one a kill leaves behind is never uploaded
+    (`training.publishing.upload_file_list`)."""
+    path = Path(os.path.realpath(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = None
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise PermissionError(errno.EACCES, "the file is not writable; expected one this run may replace",
+                                  str(path))
+        mode = stat.S_IMODE(path.stat().st_mode)
+    temporary = path.with_name(f".tmp_{path.name}.{os.getpid()}")
     try:
         temporary.write_text(text, encoding="utf-8", newline="")
+        if mode is not None:
+            os.chmod(temporary, mode)
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)

@@ -1,5 +1,5 @@
 """`build_data(args, ...)`: a pretraining run's arguments turned into the explicit fields of the data pipeline
-(`modeling_xl.data.sources`: `corpus_source`, `tokenizer_recipe`, `plm_rows`), and its one call,
+(`corpus_source`, `tokenizer_recipe`, `plm_rows` make the `modeling_xl.data.sources` dataclasses), and its one call,
 `modeling_xl.data.pretraining.build_pretraining_data`."""
 
 from __future__ import annotations
