@@ -142,3 +142,12 @@ def test_a_replaced_file_keeps_its_link_its_permissions_and_a_refusal_to_be_writ
             replace_text(target, "newer")
         assert target.read_text() == "new"
     assert sorted(p.name for p in target.parent.iterdir()) == ["mine.md"]  # no temporary file left
+
+
+def test_a_step_log_record_a_kill_cut_is_left_out_on_resume(tmp_path):
+    (tmp_path / LOG_FILE).write_text('{"step": 1, "loss": 4.0}\n{"step": 2, "loss": 3.0}\n{"step": 3, "lo')
+    assert read_log(tmp_path / LOG_FILE) == [{"step": 1, "loss": 4.0}, {"step": 2, "loss": 3.0}]
+    log = StepLog(tmp_path, enabled=True, resume_step=2)
+    log.write({"step": 3, "loss": 2.5})
+    assert read_log(tmp_path / LOG_FILE) == [{"step": 1, "loss": 4.0}, {"step": 2, "loss": 3.0},
+                                             {"step": 3, "loss": 2.5}]

@@ -261,10 +261,16 @@ class StepLog:
 
 
 def read_log(path) -> list[dict]:
+    """The records of a step log. A last line without its newline is a record a kill cut while it was written: it is
+    left out (the run it belonged to resumes from a checkpoint before it)."""
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines.pop()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def replace_text(path, text: str) -> None:
