@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from modeling_xl import TransformerXLForCausalLM  # noqa: E402
 from modeling_xl.legacy_conversion import find_legacy_files, load_legacy_model, local_resolver  # noqa: E402
+from modeling_xl.runtime.run_folder import move_into_place  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -70,30 +71,12 @@ def convert(legacy_dir: str, out_dir: str, dtype: str = "float32", overwrite: bo
         model = load_legacy_model(TransformerXLForCausalLM, *files, dtype=getattr(torch, dtype))
         model.save_pretrained(staging)
         convert_vocabulary(legacy_dir, staging)
-        move_into_place(staging, out_dir)
+        # nothing of another model stays beside these weights (its tokenizer, its card); other files (a training
+        # run's records) stay
+        move_into_place(staging, out_dir, stale=MODEL_FILES + TOKENIZER_FILES + ("README.md",))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return model
-
-
-def move_into_place(staging: str, out_dir: str) -> None:
-    """A complete conversion in `staging` becomes out_dir: renamed when out_dir does not exist (atomic); otherwise
-    what it replaces goes first (a model, a tokenizer that the legacy folder does not replace, the other model's card:
-    nothing of another model stays beside these weights; other files, such as a training run's records, stay), then
-    each new file is renamed in."""
-    if not os.path.exists(out_dir):
-        os.replace(staging, out_dir)
-        return
-    new = set(os.listdir(staging))
-    for name in MODEL_FILES + TOKENIZER_FILES + ("README.md",):
-        path = os.path.join(out_dir, name)
-        if name not in new and os.path.isfile(path):
-            os.remove(path)
-    for name in sorted(new):
-        target = os.path.join(out_dir, name)
-        if os.path.isdir(target) and not os.path.islink(target):
-            shutil.rmtree(target)
-        os.replace(os.path.join(staging, name), target)
 
 
 LEGACY_VOCAB_FILES = ("vocab.pkl", "vocab.txt", "vocab.bin")

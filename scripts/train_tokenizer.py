@@ -5,18 +5,30 @@ Examples:
   python scripts/train_tokenizer.py --corpus builtin --kind unigram --vocab-size 8000 --output out/unigram
   python scripts/train_tokenizer.py --corpus wikitext --config wikitext-103-raw-v1 --kind word --min-freq 3 ...
   python scripts/train_tokenizer.py --vocab-file legacy/vocab.pkl --output out/imported   (no training)
+
+A folder that already holds a tokenizer is refused unless --overwrite is given (a model's folder keeps its model
+either way). The tokenizer is written into a temporary folder beside --output and moved in once complete: a failure
+leaves --output as it was.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from modeling_xl.data.corpora import load_corpus, ordered_splits
-from tokenization import (byte_level_tokenizer, tokenizer_from_vocab, train_char_level_tokenizer,
-                          train_unigram_tokenizer, train_word_level_tokenizer)
+from modeling_xl.runtime.run_folder import move_into_place
+from tokenization import (
+    byte_level_tokenizer,
+    tokenizer_from_vocab,
+    train_char_level_tokenizer,
+    train_unigram_tokenizer,
+    train_word_level_tokenizer,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -35,6 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--all-splits", action="store_true", help="count every split (Transformer-XL on WikiText)")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--output", required=True)
+    parser.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --output")
     args = parser.parse_args(argv)
     if args.min_freq < 0:
         parser.error(f"--min-freq={args.min_freq} is invalid; expected an integer >= 0")
@@ -69,15 +82,43 @@ def build_tokenizer(args: argparse.Namespace):
     return train_unigram_tokenizer(lines, vocab_size=args.vocab_size, lowercase=args.lowercase)
 
 
+# what this script writes into --output (save_pretrained of a fast tokenizer, and the arguments)
+WRITES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+          "train_tokenizer_args.json")
+
+
+def check_output(output: Path, overwrite: bool) -> None:
+    """Before any training: --output is a folder (new or existing) holding no tokenizer, unless --overwrite."""
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output={str(output)!r} is a file; expected a folder (new or existing) for the tokenizer")
+    present = [name for name in WRITES if (output / name).exists()]
+    if present and not overwrite:
+        raise ValueError(f"--output={str(output)!r} already holds {', '.join(present)}; expected a folder without a "
+                         "tokenizer, or --overwrite to replace it")
+
+
+def save(tokenizer, args: argparse.Namespace, output: Path) -> None:
+    """The tokenizer and the arguments, written whole into a folder beside `output`, then moved in (the files of an
+    earlier tokenizer that this one does not write go, so none stays beside it; other files stay)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp_train_tokenizer_{output.name}_", dir=output.parent))
+    try:
+        tokenizer.save_pretrained(staging)
+        (staging / "train_tokenizer_args.json").write_text(json.dumps(vars(args), indent=2) + "\n", encoding="utf-8")
+        move_into_place(staging, output, stale=WRITES)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
+    output = Path(args.output)
     try:
+        check_output(output, args.overwrite)
         tokenizer = build_tokenizer(args)
     except (ValueError, OSError) as error:  # a missing corpus, an empty one, a bad vocabulary file: one line
         sys.exit(f"error: {error}")
-    output = Path(args.output)
-    tokenizer.save_pretrained(output)
-    (output / "train_tokenizer_args.json").write_text(json.dumps(vars(args), indent=2) + "\n", encoding="utf-8")
+    save(tokenizer, args, output)
     print(f"saved {args.kind if not args.vocab_file else 'imported'} tokenizer with {len(tokenizer)} tokens "
           f"to {output}")
 

@@ -347,6 +347,46 @@ def test_train_tokenizer_script_and_real_config(tmp_path, capsys):
         script.main(["--corpus", str(tmp_path / "nonexistent.txt"), "--output", str(tmp_path / "bad")])
 
 
+def test_train_tokenizer_keeps_a_folder_s_tokenizer_and_a_failed_save_leaves_it_as_it_was(tmp_path, capsys,
+                                                                                            monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_tokenizer", Path(__file__).parents[1] / "scripts" /
+                                                  "train_tokenizer.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat\non the mat\n", encoding="utf-8")
+    model = tmp_path / "model"  # a model's folder: its config, its tokenizer, a file of the user's
+    model.mkdir()
+    for name, text in (("config.json", "{}"), ("tokenizer.json", "theirs"), ("special_tokens_map.json", "old"),
+                       ("notes.txt", "mine")):
+        (model / name).write_text(text)
+    before = {p.name: p.read_text() for p in model.iterdir()}
+    argv = ["--corpus", str(corpus), "--kind", "word", "--cache-dir", str(tmp_path / "cache"), "--output", str(model)]
+    with pytest.raises(SystemExit, match=r"--output='.*model' already holds tokenizer.json, special_tokens_map.json; "
+                                         r"expected a folder without a tokenizer, or --overwrite"):
+        script.main(argv)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit, match=r"--output='.*file' is a file; expected a folder"):
+        script.main([*argv[:-1], str(tmp_path / "file")])
+    def disk_full(*args, **kwargs):  # after the tokenizer and its arguments are written beside the folder
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(script, "move_into_place", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        script.main([*argv, "--overwrite"])
+    monkeypatch.undo()
+    assert {p.name: p.read_text() for p in model.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "corpus.txt", "file", "model"]  # no staging left
+    script.main([*argv, "--overwrite"])
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(model).convert_ids_to_tokens([0, 1])  # the new tokenizer loads
+    assert (model / "config.json").read_text() == "{}" and (model / "notes.txt").read_text() == "mine"
+    assert not (model / "special_tokens_map.json").exists() or (model / "special_tokens_map.json").read_text() != "old"
+
+
 def test_train_tokenizer_all_splits_counts_train_valid_test_in_that_order(tmp_path, wikitext_folder, generated):
     """`--all-splits` on a WikiText folder (its files list test, train, valid alphabetically) gives the reference's
     ids: frequency ties broken by first appearance over train, then valid, then test."""

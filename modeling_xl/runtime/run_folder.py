@@ -20,6 +20,7 @@ checkpoint folders a resume continues from.
 - `CheckpointLayout`: where a run's checkpoints live and how `latest` resolves (`PRETRAINING_CHECKPOINTS`:
   `checkpoints/step_NNNNNNN/`; `FINETUNING_CHECKPOINTS`: `checkpoint-N/`); `write_checkpoint` writes one atomically.
   What a checkpoint holds is read and checked by `checkpoint_state`.
+- `move_into_place`: a folder written whole elsewhere (a conversion, a tokenizer) moved into the output folder.
 - `update_card_section` / `card_sections`: the named sections later tools add to the folder's card (README.md:
   `scripts/evaluate_lm.py`'s results, a LoRA adapter's loading code), written whole or not at all.
 """
@@ -295,6 +296,25 @@ def replace_text(path, text: str) -> None:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def move_into_place(staging, out_dir, stale: Iterable[str] = ()) -> None:
+    """A complete folder `staging` becomes `out_dir`: renamed when out_dir does not exist (atomic); otherwise the
+    `stale` files of out_dir that staging does not replace are removed first (what must not stay beside the new
+    files, e.g. another model's tokenizer), then each new file is renamed in; out_dir's other files stay."""
+    staging, out_dir = Path(staging), Path(out_dir)
+    if not out_dir.exists():
+        os.replace(staging, out_dir)
+        return
+    new = {p.name for p in staging.iterdir()}
+    for name in stale:
+        if name not in new and (out_dir / name).is_file():
+            (out_dir / name).unlink()
+    for name in sorted(new):
+        target = out_dir / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(staging / name, target)
 
 
 def card_sections(text: str) -> list[tuple[str, str]]:
