@@ -64,7 +64,7 @@ def convert(legacy_dir: str, out_dir: str, dtype: str = "float32", overwrite: bo
     files = find_legacy_files(local_resolver(legacy_dir))
     if files is None:
         raise ValueError(f"legacy_dir={legacy_dir!r} has no config.json with model_type 'transfo-xl'")
-    parent = os.path.dirname(os.path.abspath(out_dir))
+    parent = os.path.dirname(os.path.realpath(out_dir))  # a link's target: staging on its file system
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".tmp_convert_{os.path.basename(os.path.abspath(out_dir))}_", dir=parent)
     try:

@@ -82,16 +82,18 @@ def build_tokenizer(args: argparse.Namespace):
     return train_unigram_tokenizer(lines, vocab_size=args.vocab_size, lowercase=args.lowercase)
 
 
-# what this script writes into --output (save_pretrained of a fast tokenizer, and the arguments)
+# what this script writes into --output (save_pretrained of a fast tokenizer, and the arguments), and what else of
+# an earlier tokenizer there would be read with it (AutoTokenizer appends the tokens of added_tokens.json)
 WRITES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
           "train_tokenizer_args.json")
+TOKENIZER_FILES = (*WRITES, "added_tokens.json")
 
 
 def check_output(output: Path, overwrite: bool) -> None:
     """Before any training: --output is a folder (new or existing) holding no tokenizer, unless --overwrite."""
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output={str(output)!r} is a file; expected a folder (new or existing) for the tokenizer")
-    present = [name for name in WRITES if (output / name).exists()]
+    present = [name for name in TOKENIZER_FILES if (output / name).exists()]
     if present and not overwrite:
         raise ValueError(f"--output={str(output)!r} already holds {', '.join(present)}; expected a folder without a "
                          "tokenizer, or --overwrite to replace it")
@@ -100,12 +102,13 @@ def check_output(output: Path, overwrite: bool) -> None:
 def save(tokenizer, args: argparse.Namespace, output: Path) -> None:
     """The tokenizer and the arguments, written whole into a folder beside `output`, then moved in (the files of an
     earlier tokenizer that this one does not write go, so none stays beside it; other files stay)."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp_train_tokenizer_{output.name}_", dir=output.parent))
+    real = output.resolve()  # a link's target: the staging folder must be on the target's file system
+    real.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp_train_tokenizer_{real.name}_", dir=real.parent))
     try:
         tokenizer.save_pretrained(staging)
         (staging / "train_tokenizer_args.json").write_text(json.dumps(vars(args), indent=2) + "\n", encoding="utf-8")
-        move_into_place(staging, output, stale=WRITES)
+        move_into_place(staging, real, stale=TOKENIZER_FILES)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -118,7 +121,10 @@ def main(argv=None) -> None:
         tokenizer = build_tokenizer(args)
     except (ValueError, OSError) as error:  # a missing corpus, an empty one, a bad vocabulary file: one line
         sys.exit(f"error: {error}")
-    save(tokenizer, args, output)
+    try:
+        save(tokenizer, args, output)
+    except OSError as error:  # a full disk, a folder that cannot be written
+        sys.exit(f"error: the tokenizer could not be saved in --output={args.output!r} ({error})")
     print(f"saved {args.kind if not args.vocab_file else 'imported'} tokenizer with {len(tokenizer)} tokens "
           f"to {output}")
 

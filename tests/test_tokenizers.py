@@ -4,7 +4,9 @@ AutoTokenizer loading in a process where this project is not importable, legacy 
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -374,7 +376,7 @@ def test_train_tokenizer_keeps_a_folder_s_tokenizer_and_a_failed_save_leaves_it_
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(script, "move_into_place", disk_full)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(SystemExit, match=r"the tokenizer could not be saved in --output='.*model' \(.*No space left"):
         script.main([*argv, "--overwrite"])
     monkeypatch.undo()
     assert {p.name: p.read_text() for p in model.iterdir()} == before
@@ -385,6 +387,45 @@ def test_train_tokenizer_keeps_a_folder_s_tokenizer_and_a_failed_save_leaves_it_
     assert AutoTokenizer.from_pretrained(model).convert_ids_to_tokens([0, 1])  # the new tokenizer loads
     assert (model / "config.json").read_text() == "{}" and (model / "notes.txt").read_text() == "mine"
     assert not (model / "special_tokens_map.json").exists() or (model / "special_tokens_map.json").read_text() != "old"
+
+
+def test_train_tokenizer_new_folder_modes_added_tokens_and_a_link_to_another_file_system(tmp_path):
+    import importlib.util
+    import stat
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.spec_from_file_location("train_tokenizer", Path(__file__).parents[1] / "scripts" /
+                                                  "train_tokenizer.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat\non the mat\n", encoding="utf-8")
+    argv = ["--corpus", str(corpus), "--kind", "word", "--cache-dir", str(tmp_path / "cache"), "--output"]
+    script.main([*argv, str(tmp_path / "new")])  # a new folder gets a new folder's mode, not a temporary one's 0700
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o777 & ~umask
+    size = len(AutoTokenizer.from_pretrained(tmp_path / "new"))
+    (tmp_path / "new" / "added_tokens.json").write_text('{"<extra>": 900}')  # an earlier tokenizer's added tokens
+    with pytest.raises(SystemExit, match="already holds .*added_tokens.json"):
+        script.main([*argv, str(tmp_path / "new")])
+    script.main([*argv, str(tmp_path / "new"), "--overwrite"])
+    assert not (tmp_path / "new" / "added_tokens.json").exists()
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "new")) == size
+    other = Path("/dev/shm")
+    if not (other.is_dir() and os.access(other, os.W_OK) and other.stat().st_dev != tmp_path.stat().st_dev):
+        pytest.skip("needs /dev/shm writable on another file system than the test's folder")
+    target = Path(tempfile.mkdtemp(dir=other))
+    try:
+        (target / "tokenizer.json").write_text("theirs")
+        (tmp_path / "link").symlink_to(target)
+        script.main([*argv, str(tmp_path / "link"), "--overwrite"])  # staged beside the target: no cross-device rename
+        assert len(AutoTokenizer.from_pretrained(tmp_path / "link")) == size
+        assert sorted(p.name for p in other.iterdir() if p.name.startswith(".tmp_train_tokenizer")) == []
+    finally:
+        shutil.rmtree(target)
 
 
 def test_train_tokenizer_all_splits_counts_train_valid_test_in_that_order(tmp_path, wikitext_folder, generated):

@@ -299,22 +299,26 @@ def replace_text(path, text: str) -> None:
 
 
 def move_into_place(staging, out_dir, stale: Iterable[str] = ()) -> None:
-    """A complete folder `staging` becomes `out_dir`: renamed when out_dir does not exist (atomic); otherwise the
-    `stale` files of out_dir that staging does not replace are removed first (what must not stay beside the new
-    files, e.g. another model's tokenizer), then each new file is renamed in; out_dir's other files stay."""
+    """A complete folder `staging` (on out_dir's file system: made beside out_dir's real path) becomes `out_dir`:
+    renamed when out_dir does not exist (atomic; with the permissions a new folder gets, not a temporary folder's
+    0700); otherwise each new file is renamed in, then the `stale` files of out_dir that staging did not replace are
+    removed (what must not stay beside the new files, e.g. another model's tokenizer); out_dir's other files stay."""
     staging, out_dir = Path(staging), Path(out_dir)
     if not out_dir.exists():
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)
         os.replace(staging, out_dir)
         return
     new = {p.name for p in staging.iterdir()}
-    for name in stale:
-        if name not in new and (out_dir / name).is_file():
-            (out_dir / name).unlink()
     for name in sorted(new):
         target = out_dir / name
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
         os.replace(staging / name, target)
+    for name in stale:
+        if name not in new and (out_dir / name).is_file():
+            (out_dir / name).unlink()
 
 
 def card_sections(text: str) -> list[tuple[str, str]]:
