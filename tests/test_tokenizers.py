@@ -316,13 +316,19 @@ def test_bad_tokenizer_input():
     check_vocab_matches(tok, Config())
 
 
-def test_train_tokenizer_script_and_real_config(tmp_path, capsys):
+def train_tokenizer_script():
+    """scripts/train_tokenizer.py as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("train_tokenizer", Path(__file__).parents[1] / "scripts" /
                                                   "train_tokenizer.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_train_tokenizer_script_and_real_config(tmp_path, capsys):
+    script = train_tokenizer_script()
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat\non the mat\n\nthe end\n", encoding="utf-8")
     script.main(["--corpus", str(corpus), "--kind", "word", "--output", str(tmp_path / "tok"),
@@ -351,12 +357,7 @@ def test_train_tokenizer_script_and_real_config(tmp_path, capsys):
 
 def test_train_tokenizer_keeps_a_folder_s_tokenizer_and_a_failed_save_leaves_it_as_it_was(tmp_path, capsys,
                                                                                             monkeypatch):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_tokenizer", Path(__file__).parents[1] / "scripts" /
-                                                  "train_tokenizer.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = train_tokenizer_script()
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat\non the mat\n", encoding="utf-8")
     model = tmp_path / "model"  # a model's folder: its config, its tokenizer, a file of the user's
@@ -390,16 +391,12 @@ def test_train_tokenizer_keeps_a_folder_s_tokenizer_and_a_failed_save_leaves_it_
 
 
 def test_train_tokenizer_new_folder_modes_added_tokens_and_a_link_to_another_file_system(tmp_path):
-    import importlib.util
     import stat
     import tempfile
 
     from transformers import AutoTokenizer
 
-    spec = importlib.util.spec_from_file_location("train_tokenizer", Path(__file__).parents[1] / "scripts" /
-                                                  "train_tokenizer.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = train_tokenizer_script()
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat\non the mat\n", encoding="utf-8")
     argv = ["--corpus", str(corpus), "--kind", "word", "--cache-dir", str(tmp_path / "cache"), "--output"]
@@ -431,12 +428,7 @@ def test_train_tokenizer_new_folder_modes_added_tokens_and_a_link_to_another_fil
 def test_train_tokenizer_all_splits_counts_train_valid_test_in_that_order(tmp_path, wikitext_folder, generated):
     """`--all-splits` on a WikiText folder (its files list test, train, valid alphabetically) gives the reference's
     ids: frequency ties broken by first appearance over train, then valid, then test."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_tokenizer", Path(__file__).parents[1] / "scripts" /
-                                                  "train_tokenizer.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = train_tokenizer_script()
     script.main(["--corpus", str(wikitext_folder), "--kind", "word", "--all-splits", "--output",
                  str(tmp_path / "tok"), "--cache-dir", str(tmp_path / "cache")])
     from transformers import AutoTokenizer
