@@ -30,10 +30,14 @@ def test_floor_worker_reports_one_time_per_call(impl):
     assert len(result["times"]) == 3 and all(t > 0 for t in result["times"])
 
 
-def test_tail_skip_pair_times_both_sides_with_the_same_tokens():
-    """benchmarks/bench_tail_skip.py's A/B: one time per round per side, the switch left on, the tokens compared."""
+def test_tail_skip_pair_times_both_sides_with_the_same_tokens(monkeypatch):
+    """benchmarks/bench_tail_skip.py's A/B: one time per round per side, the switch left on, the tokens compared
+    (prompts of random ids: the benchmark's own come from WikiText-2 in ../shared, which a fresh clone lacks)."""
     import bench_tail_skip
     import torch
+
+    monkeypatch.setattr(bench_generate, "prompts_for", lambda batch, prompt_len: torch.randint(
+        0, bench_generate.SHAPE["vocab_size"], (batch, prompt_len), generator=torch.Generator().manual_seed(1)))
 
     from modeling_xl import TransformerXLConfig, TransformerXLForCausalLM
 

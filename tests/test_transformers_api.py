@@ -64,3 +64,27 @@ def test_loading_kwargs_cover_the_installed_from_pretrained():
                          "modeling_xl.checkpoint_import.LOADING_KWARGS does not list: a legacy checkpoint would "
                          "take them as config fields; add them there")
     assert {"revision", "dtype", "attn_implementation", "device_map"} <= installed  # the parse found the arguments
+
+
+def test_what_the_readme_says_transformers_5_lacks_still_holds():
+    """README.md's first lines: transformers 5 has no Transformer-XL, its XLNet cannot checkpoint activations, and its
+    permutation-LM collator departs from the paper's sampling (it replaces every predicted token's input by <mask>,
+    where XLNet's data keeps the real ids and hides them through the permutation: docs/permutation_lm.md)."""
+    import importlib.util
+
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import DataCollatorForPermutationLanguageModeling, PreTrainedTokenizerFast, XLNetPreTrainedModel
+
+    assert importlib.util.find_spec("transformers.models.transfo_xl") is None, "transformers has Transformer-XL again"
+    assert not XLNetPreTrainedModel.supports_gradient_checkpointing, "transformers' XLNet checkpoints activations now"
+    vocab = {"<pad>": 0, "<mask>": 1, "<unk>": 2, **{f"w{i}": i + 3 for i in range(20)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", mask_token="<mask>",
+                                        unk_token="<unk>")
+    torch.manual_seed(0)
+    batch = DataCollatorForPermutationLanguageModeling(tokenizer)([torch.arange(3, 23) for _ in range(4)])
+    predicted = batch["labels"] != -100
+    assert predicted.any() and (batch["input_ids"][predicted] == tokenizer.mask_token_id).all(), (
+        "transformers' permutation-LM collator no longer masks the inputs it predicts: README.md's claim is stale")
