@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 
 import torch
 
@@ -29,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from modeling_xl import TransformerXLForCausalLM  # noqa: E402
 from modeling_xl.legacy_conversion import find_legacy_files, load_legacy_model, local_resolver  # noqa: E402
-from modeling_xl.runtime.run_folder import move_into_place  # noqa: E402
+from modeling_xl.runtime.run_folder import staged_folder  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -64,18 +62,12 @@ def convert(legacy_dir: str, out_dir: str, dtype: str = "float32", overwrite: bo
     files = find_legacy_files(local_resolver(legacy_dir))
     if files is None:
         raise ValueError(f"legacy_dir={legacy_dir!r} has no config.json with model_type 'transfo-xl'")
-    parent = os.path.dirname(os.path.realpath(out_dir))  # a link's target: staging on its file system
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".tmp_convert_{os.path.basename(os.path.abspath(out_dir))}_", dir=parent)
-    try:
+    # nothing of another model stays beside these weights (its tokenizer, its card); other files (a training run's
+    # records) stay
+    with staged_folder(out_dir, stale=MODEL_FILES + TOKENIZER_FILES + ("README.md",), label="convert") as staging:
         model = load_legacy_model(TransformerXLForCausalLM, *files, dtype=getattr(torch, dtype))
         model.save_pretrained(staging)
-        convert_vocabulary(legacy_dir, staging)
-        # nothing of another model stays beside these weights (its tokenizer, its card); other files (a training
-        # run's records) stay
-        move_into_place(staging, out_dir, stale=MODEL_FILES + TOKENIZER_FILES + ("README.md",))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        convert_vocabulary(legacy_dir, str(staging))
     return model
 
 

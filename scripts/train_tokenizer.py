@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from modeling_xl.data.corpora import load_corpus, ordered_splits
-from modeling_xl.runtime.run_folder import move_into_place
+from modeling_xl.runtime.run_folder import staged_folder
 from tokenization import (
     byte_level_tokenizer,
     tokenizer_from_vocab,
@@ -102,15 +100,9 @@ def check_output(output: Path, overwrite: bool) -> None:
 def save(tokenizer, args: argparse.Namespace, output: Path) -> None:
     """The tokenizer and the arguments, written whole into a folder beside `output`, then moved in (the files of an
     earlier tokenizer that this one does not write go, so none stays beside it; other files stay)."""
-    real = output.resolve()  # a link's target: the staging folder must be on the target's file system
-    real.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp_train_tokenizer_{real.name}_", dir=real.parent))
-    try:
+    with staged_folder(output, stale=TOKENIZER_FILES, label="train_tokenizer") as staging:
         tokenizer.save_pretrained(staging)
         (staging / "train_tokenizer_args.json").write_text(json.dumps(vars(args), indent=2) + "\n", encoding="utf-8")
-        move_into_place(staging, real, stale=TOKENIZER_FILES)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def main(argv=None) -> None:

@@ -376,7 +376,9 @@ def test_train_tokenizer_keeps_a_folder_s_tokenizer_and_a_failed_save_leaves_it_
     def disk_full(*args, **kwargs):  # after the tokenizer and its arguments are written beside the folder
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(script, "move_into_place", disk_full)
+    from modeling_xl.runtime import run_folder
+
+    monkeypatch.setattr(run_folder, "move_into_place", disk_full)
     with pytest.raises(SystemExit, match=r"the tokenizer could not be saved in --output='.*model' \(.*No space left"):
         script.main([*argv, "--overwrite"])
     monkeypatch.undo()
@@ -390,9 +392,8 @@ def test_train_tokenizer_keeps_a_folder_s_tokenizer_and_a_failed_save_leaves_it_
     assert not (model / "special_tokens_map.json").exists() or (model / "special_tokens_map.json").read_text() != "old"
 
 
-def test_train_tokenizer_new_folder_modes_added_tokens_and_a_link_to_another_file_system(tmp_path):
+def test_train_tokenizer_new_folder_mode_and_an_earlier_tokenizers_added_tokens(tmp_path):
     import stat
-    import tempfile
 
     from transformers import AutoTokenizer
 
@@ -411,14 +412,28 @@ def test_train_tokenizer_new_folder_modes_added_tokens_and_a_link_to_another_fil
     script.main([*argv, str(tmp_path / "new"), "--overwrite"])
     assert not (tmp_path / "new" / "added_tokens.json").exists()
     assert len(AutoTokenizer.from_pretrained(tmp_path / "new")) == size
+
+
+def test_train_tokenizer_through_a_link_to_another_file_system(tmp_path):
+    """The staging folder is made beside the link's target: a rename across file systems would fail half-way."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
     other = Path("/dev/shm")
     if not (other.is_dir() and os.access(other, os.W_OK) and other.stat().st_dev != tmp_path.stat().st_dev):
         pytest.skip("needs /dev/shm writable on another file system than the test's folder")
+    script = train_tokenizer_script()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat\non the mat\n", encoding="utf-8")
+    argv = ["--corpus", str(corpus), "--kind", "word", "--cache-dir", str(tmp_path / "cache"), "--output"]
+    script.main([*argv, str(tmp_path / "here")])
+    size = len(AutoTokenizer.from_pretrained(tmp_path / "here"))
     target = Path(tempfile.mkdtemp(dir=other))
     try:
         (target / "tokenizer.json").write_text("theirs")
         (tmp_path / "link").symlink_to(target)
-        script.main([*argv, str(tmp_path / "link"), "--overwrite"])  # staged beside the target: no cross-device rename
+        script.main([*argv, str(tmp_path / "link"), "--overwrite"])
         assert len(AutoTokenizer.from_pretrained(tmp_path / "link")) == size
         assert sorted(p.name for p in other.iterdir() if p.name.startswith(".tmp_train_tokenizer")) == []
     finally:

@@ -20,13 +20,15 @@ checkpoint folders a resume continues from.
 - `CheckpointLayout`: where a run's checkpoints live and how `latest` resolves (`PRETRAINING_CHECKPOINTS`:
   `checkpoints/step_NNNNNNN/`; `FINETUNING_CHECKPOINTS`: `checkpoint-N/`); `write_checkpoint` writes one atomically.
   What a checkpoint holds is read and checked by `checkpoint_state`.
-- `move_into_place`: a folder written whole elsewhere (a conversion, a tokenizer) moved into the output folder.
+- `staged_folder` / `move_into_place`: a folder written whole beside the output folder (a conversion, a tokenizer),
+  then moved into it.
 - `update_card_section` / `card_sections`: the named sections later tools add to the folder's card (README.md:
   `scripts/evaluate_lm.py`'s results, a LoRA adapter's loading code), written whole or not at all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -296,6 +298,21 @@ def replace_text(path, text: str) -> None:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def staged_folder(out_dir, stale: Iterable[str] = (), label: str = "staged"):
+    """A temporary folder beside out_dir's real path (so on its file system: a link's target's) to write a complete
+    folder into: on a normal exit it is moved into out_dir (`move_into_place`, `stale` as there), on an error it is
+    removed and out_dir stays as it was."""
+    real = Path(os.path.realpath(out_dir))
+    real.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp_{label}_{real.name}_", dir=real.parent))
+    try:
+        yield staging
+        move_into_place(staging, real, stale)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def move_into_place(staging, out_dir, stale: Iterable[str] = ()) -> None:
